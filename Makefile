@@ -1,0 +1,46 @@
+# The two commands: `make demo` and `make test`. Both create .venv when it is missing.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+STAMP := $(VENV)/.installed
+export PATH := $(BIN):$(PATH)
+export DO_NOT_TRACK := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_ENABLED := true
+export PREFECT_HOME := $(CURDIR)/.prefect
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: demo test install clean-outputs
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
+# deepspeed's setup imports torch, so it builds against the installed torch (no build isolation).
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --upgrade pip wheel setuptools
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e .
+	$(BIN)/pip install pytest ninja
+	$(BIN)/pip install --no-build-isolation "deepspeed>=0.18,<0.20"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	@test -d .dvc || $(BIN)/dvc init -q
+	$(BIN)/protege pipeline
+	@echo
+	@cat reports/eval.md
+	@echo
+	@echo "MLflow UI: $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean-outputs:
+	rm -rf data models reports mlflow.db .prefect dvc.lock

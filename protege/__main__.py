@@ -1,0 +1,3 @@
+from protege.cli import main
+
+main()

@@ -1,0 +1,187 @@
+"""Typed configuration loaded from params.yaml.
+
+params.yaml is the one configuration of a run and also DVC's params file, so every stage reads its
+own section from here. Unknown keys and wrong types are errors: a typo must never silently fall back
+to a default.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A params file that cannot be used; the message is one line naming the key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorldConfig(Section):
+    seed: int = 1234
+    n_train: int = Field(2400, ge=8)
+    n_rl: int = Field(320, ge=4)
+    n_test: int = Field(400, ge=4)
+    image_size: int = Field(64, ge=16)
+    vocab_size: int = Field(512, ge=300)
+
+
+class ModelConfig(Section):
+    hidden_size: int = Field(64, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(2, ge=1)
+    num_kv_heads: int = Field(1, ge=1)
+    intermediate_size: int = Field(256, ge=8)
+    vision_depth: int = Field(2, ge=1)
+    vision_embed_dim: int = Field(32, ge=8)
+    vision_heads: int = Field(2, ge=1)
+    patch_size: int = Field(8, ge=2)
+    merge_size: int = Field(2, ge=1)
+    initializer_range: float = Field(0.12, gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelConfig":
+        if self.hidden_size % self.num_heads:
+            raise ValueError("model.hidden_size must be divisible by model.num_heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("model.num_heads must be divisible by model.num_kv_heads")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ValueError("model.hidden_size / model.num_heads (head_dim) must be even")
+        return self
+
+
+class CurateConfig(Section):
+    max_tokens: int = Field(96, ge=8)
+    max_teacher_tokens: int = Field(48, ge=4)
+
+
+class TeachersConfig(Section):
+    names: list[Literal["concise", "verbose"]] = ["concise", "verbose"]
+    answers_per_question: int = Field(4, ge=1)
+    error_rate: float = Field(0.1, ge=0, le=1)
+
+
+class SFTConfig(Section):
+    steps: int = Field(300, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    log_every: int = Field(20, ge=1)
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    top_k: int = Field(50, ge=0)
+    max_new_tokens: int = Field(16, ge=1)
+
+
+class RolloutsConfig(SamplingConfig):
+    samples_per_question: int = Field(4, ge=1)
+
+
+class DiscPretrainConfig(Section):
+    steps: int = Field(60, ge=1)
+    batch_size: int = Field(32, ge=2)
+    lr: float = Field(1e-3, gt=0)
+    holdout_fraction: float = Field(0.2, gt=0, lt=1)
+
+
+class RLConfig(SamplingConfig):
+    algorithm: Literal["dr_grpo", "grpo"] = "dr_grpo"
+    steps: int = Field(40, ge=1)
+    questions_per_step: int = Field(8, ge=1)
+    group_size: int = Field(4, ge=2)
+    lr: float = Field(5e-5, gt=0)
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    kl_beta: float = Field(0.04, ge=0)
+    repetition_penalty: float = Field(1.05, gt=0)
+    trainable: Literal["attention+embeddings+head", "all", "attention"] = "attention+embeddings+head"
+    save_every: int = Field(10, ge=1)
+
+
+class MergeConfig(Section):
+    method: Literal["uniform"] = "uniform"
+
+
+class EvaluateConfig(Section):
+    batch_size: int = Field(64, ge=1)
+    max_new_tokens: int = Field(16, ge=1)
+
+
+class PromoteConfig(Section):
+    model_name: str = Field("protege-student", min_length=1)
+    margin: float = Field(0.0, ge=0)
+
+
+class Config(Section):
+    seed: int = 0
+    world: WorldConfig = WorldConfig()
+    model: ModelConfig = ModelConfig()
+    curate: CurateConfig = CurateConfig()
+    teachers: TeachersConfig = TeachersConfig()
+    sft: SFTConfig = SFTConfig()
+    rollouts: RolloutsConfig = RolloutsConfig()
+    disc_pretrain: DiscPretrainConfig = DiscPretrainConfig()
+    rl: RLConfig = RLConfig()
+    merge: MergeConfig = MergeConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    promote: PromoteConfig = PromoteConfig()
+
+
+def _type_name(annotation) -> str:
+    name = getattr(annotation, "__name__", None)
+    return name if name else str(annotation).replace("typing.", "")
+
+
+def _expected(model: type[BaseModel], loc: tuple) -> str:
+    """The declared type at a location, e.g. 'float' for ('rl', 'lr')."""
+    current: type[BaseModel] | None = model
+    field = None
+    for part in loc:
+        if current is None or not isinstance(part, str) or part not in current.model_fields:
+            break
+        field = current.model_fields[part]
+        ann = field.annotation
+        current = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return _type_name(field.annotation) if field is not None else "?"
+
+
+def _one_line(path: Path, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = tuple(first["loc"])
+    key = ".".join(str(p) for p in loc) or "<root>"
+    if first["type"] == "extra_forbidden":
+        parent = Config
+        for part in loc[:-1]:
+            parent = parent.model_fields[part].annotation
+        allowed = ", ".join(parent.model_fields)
+        msg = f"{path}: unknown key '{key}' (allowed here: {allowed})"
+    elif first["type"] in {"value_error", "assertion_error"}:
+        msg = f"{path}: {first['msg'].removeprefix('Value error, ')}"
+    else:
+        got = first.get("input")
+        msg = (f"{path}: key '{key}' expects {_expected(Config, loc)}: {first['msg']}"
+               f" (got {got!r})")
+    more = len(err.errors()) - 1
+    return msg + (f" [and {more} more problem(s)]" if more else "")
+
+
+def load_config(path: str | Path = "params.yaml") -> Config:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such params file (run from the project root or pass --params)")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_one_line(path, err)) from None

@@ -1,0 +1,1 @@
+"""Datasets: reading, validation (Great Expectations) and curation."""

@@ -1,0 +1,1 @@
+"""Evaluation: benchmark scoring and reports."""

@@ -1,0 +1,75 @@
+"""Batched generation with transformers (KV cache, left padding)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from PIL import Image
+
+from protege.models.processor import StudentProcessor
+
+
+@dataclass(frozen=True)
+class Sampling:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 16
+
+    def generate_kwargs(self) -> dict:
+        kw = {"max_new_tokens": self.max_new_tokens, "do_sample": self.do_sample,
+              "repetition_penalty": self.repetition_penalty}
+        if self.do_sample:
+            kw.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        return kw
+
+
+@dataclass
+class Completions:
+    sequences: torch.Tensor          # [N, P + L] prompt + completion ids
+    prompt_len: int                  # P: prompts are left-padded to one length
+    completion_mask: torch.Tensor    # [N, L] 1 up to and including the first end-of-turn token
+    texts: list[str] = field(default_factory=list)
+
+
+def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """[N, L] ids -> [N, L] mask that keeps tokens up to and including the first eos."""
+    is_eos = completion == eos_id
+    after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    return (~after_eos).long()
+
+
+@torch.no_grad()
+def sample(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], sampling: Sampling,
+           num_return_sequences: int = 1) -> Completions:
+    """Generates for an encoded prompt batch; each prompt repeated `num_return_sequences` times in a row."""
+    was_training = model.training
+    model.eval()
+    out = model.generate(**batch, **sampling.generate_kwargs(), num_return_sequences=num_return_sequences,
+                         pad_token_id=processor.tokenizer.pad_token_id,
+                         eos_token_id=processor.tokenizer.eos_token_id)
+    model.train(was_training)
+    prompt_len = batch["input_ids"].shape[1]
+    completion = out[:, prompt_len:]
+    mask = completion_mask(completion, processor.tokenizer.eos_token_id)
+    texts = processor.tokenizer.batch_decode(completion * mask + processor.tokenizer.pad_token_id * (1 - mask),
+                                             skip_special_tokens=True)
+    return Completions(out, prompt_len, mask, [t.strip() for t in texts])
+
+
+def generate_answers(model, processor: StudentProcessor, questions: list[str], images: list[Image.Image],
+                     sampling: Sampling, batch_size: int, num_return_sequences: int = 1,
+                     progress=None) -> tuple[list[str], list[int], float]:
+    """Answers for many prompts in batches: (texts, completion token counts, seconds)."""
+    texts, tokens, t0 = [], [], time.perf_counter()
+    for i in range(0, len(questions), batch_size):
+        batch = processor.encode_prompts(questions[i:i + batch_size], images[i:i + batch_size])
+        c = sample(model, processor, batch, sampling, num_return_sequences)
+        texts += c.texts
+        tokens += c.completion_mask.sum(dim=1).tolist()
+        if progress:
+            progress(min(i + batch_size, len(questions)), len(questions))
+    return texts, tokens, time.perf_counter() - t0

@@ -1,0 +1,1 @@
+"""Checkpoint merging (model soups)."""

@@ -1,0 +1,1 @@
+"""Student, discriminator and tokenizer factories; load and save (safetensors only)."""

@@ -1,0 +1,58 @@
+"""The student: a Qwen2-VL-family model, instantiated tiny from params or loaded from a path."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+from protege.config import ModelConfig
+from protege.models.processor import StudentProcessor
+from protege.models.tokenizer import EOS, IMAGE_PAD, PAD, VIDEO_PAD, VISION_END, VISION_START
+
+
+def tiny_config(cfg: ModelConfig, processor: StudentProcessor) -> Qwen2VLConfig:
+    tok = processor.tokenizer
+    ids = {t: tok.convert_tokens_to_ids(t) for t in (PAD, EOS, IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END)}
+    head_dim = cfg.hidden_size // cfg.num_heads
+    half = head_dim // 2  # mrope_section must sum to head_dim / 2 (temporal, height, width)
+    t = half // 4
+    h = (half - t) // 2
+    mrope = [t, h, half - t - h]
+    text = dict(vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=1024,
+                initializer_range=cfg.initializer_range,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
+                bos_token_id=None, eos_token_id=ids[EOS], pad_token_id=ids[PAD])
+    vision = dict(depth=cfg.vision_depth, embed_dim=cfg.vision_embed_dim, hidden_size=cfg.hidden_size,
+                  num_heads=cfg.vision_heads, patch_size=cfg.patch_size, spatial_merge_size=cfg.merge_size,
+                  temporal_patch_size=2, initializer_range=cfg.initializer_range, mlp_ratio=4)
+    return Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids[IMAGE_PAD],
+                         video_token_id=ids[VIDEO_PAD], vision_start_token_id=ids[VISION_START],
+                         vision_end_token_id=ids[VISION_END], tie_word_embeddings=False)
+
+
+def build_student(cfg: ModelConfig, processor: StudentProcessor, seed: int) -> Qwen2VLForConditionalGeneration:
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(tiny_config(cfg, processor))
+    tok = processor.tokenizer
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                               bos_token_id=None)
+    return model
+
+
+def save_student(model, processor: StudentProcessor, path: str | Path) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path), safe_serialization=True)
+    processor.save_pretrained(path)
+
+
+def load_student(path: str | Path, dtype=torch.float32) -> tuple[Qwen2VLForConditionalGeneration, StudentProcessor]:
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path}: no student checkpoint here (config.json missing); "
+                                "run the stage that writes it first")
+    model = Qwen2VLForConditionalGeneration.from_pretrained(str(path), dtype=dtype, use_safetensors=True)
+    return model, StudentProcessor.from_pretrained(path)

@@ -1,0 +1,21 @@
+"""Where each stage reads and writes, relative to the project root (the same paths as dvc.yaml)."""
+from pathlib import Path
+
+WORLD = Path("data/world")
+SPLIT_TABLES = {s: WORLD / f"{s}.parquet" for s in ("train", "rl", "test")}
+BASE_MODEL = Path("models/base")
+VALIDATION_REPORT = Path("reports/validation.json")
+CURATED = Path("data/curated")
+CURATED_RL = CURATED / "rl.parquet"
+CURATION_REPORT = Path("reports/curation.json")
+TEACHER_CACHE = Path("data/teachers")
+SFT_MODEL = Path("models/sft")
+ROLLOUTS = Path("data/rollouts/student.parquet")
+DISCRIMINATOR = Path("models/discriminator")
+RL_CHECKPOINTS = Path("models/rl")
+MERGED_MODEL = Path("models/merged")
+EVAL_JSON = Path("reports/eval.json")
+EVAL_MD = Path("reports/eval.md")
+EVAL_ITEMS = Path("reports/eval_items.jsonl")
+PROMOTION = Path("reports/promotion.json")
+STAGE_METRICS = Path("reports/stages")  # one small JSON of figures per stage (DVC metrics)

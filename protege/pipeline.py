@@ -1,0 +1,57 @@
+"""Running one dvc.yaml stage through DVC, so DVC decides what is up to date and records the lock.
+
+The Prefect flow calls this for each stage; so can anything else that orchestrates (no Prefect here).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from protege.tracking import PARENT_ENV
+
+
+class StageFailed(RuntimeError):
+    def __init__(self, stage: str, returncode: int, tail: list[str]):
+        self.stage, self.returncode, self.tail = stage, returncode, tail
+        detail = "\n".join(tail[-15:])
+        super().__init__(f"stage '{stage}' failed (exit {returncode}):\n{detail}")
+
+
+def stage_outs(project_dir: Path, stage: str) -> list[str]:
+    spec = yaml.safe_load((Path(project_dir) / "dvc.yaml").read_text())["stages"][stage]
+    outs = []
+    for key in ("outs", "metrics"):
+        for o in spec.get(key, []):
+            outs.append(next(iter(o)) if isinstance(o, dict) else o)
+    return outs
+
+
+def stage_env(parent_run_id: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)  # so `protege` and `dvc` of this environment are found
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    if parent_run_id:
+        env[PARENT_ENV] = parent_run_id
+    return env
+
+
+def repro_stage(project_dir: str | Path, stage: str, parent_run_id: str | None = None) -> list[str]:
+    """`dvc repro --single-item STAGE`: runs the stage only if its deps or params changed."""
+    project_dir = Path(project_dir).resolve()
+    cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", stage]
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    with subprocess.Popen(cmd, cwd=project_dir, env=stage_env(parent_run_id), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # stream progress to the user, keep the tail for the error
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line.rstrip("\n"))
+    if proc.returncode != 0:
+        raise StageFailed(stage, proc.returncode, list(tail))
+    return stage_outs(project_dir, stage)

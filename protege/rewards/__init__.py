@@ -1,0 +1,1 @@
+"""Rewards: judges of correctness, discriminator similarity."""

@@ -1,0 +1,63 @@
+"""Policy-gradient losses as pure tensor functions (one variant, one function).
+
+N = sequences in the batch, L = completion positions (padded). `mask` [N, L] is 1 on completion tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def clipped_surrogate(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
+                      clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO-clip loss -min(r A, clip(r, 1-eps, 1+eps) A), r = exp(logp - logp_old).
+
+    logp, logp_old: [N, L]; advantages: [N] -> (loss [N, L], clipped [N, L] bool: the clip was active).
+    """
+    ratio = torch.exp(logp - logp_old)  # [N, L]
+    adv = advantages.unsqueeze(1)  # [N, 1]
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi_theta || pi_ref): exp(d) - d - 1, d = logp_ref - logp. [N, L] -> [N, L]."""
+    d = logp_ref - logp
+    return torch.exp(d) - d - 1
+
+
+def aggregate_dr_grpo(per_token: torch.Tensor, mask: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Dr.GRPO: sum over every completion token of the batch / (N * L_max). [N, L] -> scalar.
+
+    A constant denominator removes GRPO's length bias; micro-batches then add up exactly when each
+    micro-batch loss is scaled by its share of the sequences.
+    """
+    return (per_token * mask).sum() / (per_token.shape[0] * max_len)
+
+
+def aggregate_grpo(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GRPO: mean over sequences of each sequence's token mean. [N, L] -> scalar."""
+    per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [N]
+    return per_seq.mean()
+
+
+def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor, advantages: torch.Tensor,
+                mask: torch.Tensor, *, clip_eps: float, kl_beta: float, aggregation: str,
+                max_len: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate + beta * k3 KL, aggregated per `aggregation` ('dr_grpo' | 'grpo').
+
+    logp, logp_old, logp_ref, mask: [N, L]; advantages: [N] -> (scalar loss, detached stats).
+    """
+    surrogate, clipped = clipped_surrogate(logp, logp_old, advantages, clip_eps)
+    kl = kl_k3(logp, logp_ref)
+    per_token = surrogate + kl_beta * kl  # [N, L]
+    if aggregation == "dr_grpo":
+        loss = aggregate_dr_grpo(per_token, mask, max_len)
+    elif aggregation == "grpo":
+        loss = aggregate_grpo(per_token, mask)
+    else:
+        raise ValueError(f"unknown aggregation {aggregation!r}; expected 'dr_grpo' or 'grpo'")
+    n_tok = mask.sum().clamp(min=1)
+    stats = {"kl": ((kl * mask).sum() / n_tok).detach(),
+             "clip_fraction": ((clipped.float() * mask).sum() / n_tok).detach()}
+    return loss, stats

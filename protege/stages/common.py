@@ -1,0 +1,32 @@
+"""Small helpers shared by stage recipes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from protege.paths import STAGE_METRICS
+
+console = Console(stderr=True)
+
+
+def say(stage: str, message: str) -> None:
+    console.print(f"[bold cyan]{stage}[/] {message}")
+
+
+def step_logger(stage: str, run, every_print: int = 1):
+    """Logs per-step metrics to MLflow and prints a progress line."""
+    def log(step: int, metrics: dict) -> None:
+        run.log_metrics(metrics, step=step)
+        shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+        if step % every_print == 0:
+            say(stage, f"step {step}: {shown}")
+    return log
+
+
+def write_stage_metrics(root: Path, stage: str, metrics: dict) -> Path:
+    path = root / STAGE_METRICS / f"{stage}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    return path

@@ -1,0 +1,38 @@
+"""disc_pretrain: the discriminator learns to tell student answers (1) from teacher answers (0)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from protege.config import Config
+from protege.data.rows import load_rows
+from protege.models.discriminator import Discriminator
+from protege.models.processor import StudentProcessor
+from protege.paths import CURATED_RL, DISCRIMINATOR, ROLLOUTS, SFT_MODEL, TEACHER_CACHE
+from protege.stages.common import say, step_logger, write_stage_metrics
+from protege.train.disc_pretrain import Example, pretrain_discriminator
+
+
+def run(cfg: Config, root: Path, run) -> None:
+    run.log_params(cfg.disc_pretrain.model_dump(), "disc_pretrain.")
+    for rel, ctx in ((ROLLOUTS, "student_answers"), (TEACHER_CACHE, "teacher_answers"), (SFT_MODEL, "init")):
+        run.log_input(rel, context=ctx)
+    rows = {r.id: r for r in load_rows(root / CURATED_RL)}
+    student = pd.read_parquet(root / ROLLOUTS)
+    teacher = pd.concat([pd.read_parquet(root / TEACHER_CACHE / f"{n}.parquet") for n in cfg.teachers.names])
+    examples = [Example(qid, rows[qid].question, rows[qid].image, ans, label)
+                for frame, label in ((student, 1.0), (teacher, 0.0))
+                for qid, ans in zip(frame["question_id"], frame["answer"]) if qid in rows]
+    say("disc_pretrain", f"{int((student['question_id'].isin(rows)).sum())} student + "
+                         f"{int((teacher['question_id'].isin(rows)).sum())} teacher answers")
+    disc = Discriminator.from_student(root / SFT_MODEL)
+    processor = StudentProcessor.from_pretrained(root / SFT_MODEL)
+    result = pretrain_discriminator(disc, processor, examples, cfg.disc_pretrain, cfg.seed,
+                                    on_log=step_logger("disc_pretrain", run))
+    disc.save(root / DISCRIMINATOR)
+    processor.save_pretrained(root / DISCRIMINATOR)
+    run.log_metrics(result)
+    run.log_model(root / DISCRIMINATOR, "discriminator", params=cfg.disc_pretrain.model_dump())
+    write_stage_metrics(root, "disc_pretrain", result)
+    say("disc_pretrain", f"held-out accuracy {result['heldout_accuracy']:.3f}, AUROC {result['heldout_auroc']:.3f}")

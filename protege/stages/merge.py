@@ -1,0 +1,22 @@
+"""merge: uniform average of the RL run's checkpoints."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from protege.config import Config
+from protege.merging.uniform import merge_uniform
+from protege.paths import MERGED_MODEL, RL_CHECKPOINTS
+from protege.stages.common import say
+
+
+def run(cfg: Config, root: Path, run) -> None:
+    run.log_params(cfg.merge.model_dump(), "merge.")
+    run.log_input(RL_CHECKPOINTS, context="checkpoints")
+    checkpoints = sorted((root / RL_CHECKPOINTS).glob("step-*"))
+    if not checkpoints:
+        raise FileNotFoundError(f"merge: no checkpoints under {RL_CHECKPOINTS}; run the rl stage first")
+    merge_uniform(checkpoints, root / MERGED_MODEL)
+    run.log_metrics({"checkpoints_merged": len(checkpoints)})
+    run.log_model(root / MERGED_MODEL, "merged", params={"method": cfg.merge.method,
+                                                         "checkpoints": ",".join(c.name for c in checkpoints)})
+    say("merge", f"{cfg.merge.method} average of {len(checkpoints)} checkpoints -> {MERGED_MODEL}")

@@ -1,0 +1,40 @@
+"""rollouts: N sampled student answers per curated question (for discriminator pretraining)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from protege.config import Config
+from protege.data.rows import load_rows
+from protege.generation.transformers_backend import Sampling, generate_answers
+from protege.models.student import load_student
+from protege.paths import CURATED_RL, ROLLOUTS, SFT_MODEL
+from protege.stages.common import say, write_stage_metrics
+
+
+def run(cfg: Config, root: Path, run) -> None:
+    c = cfg.rollouts
+    run.log_params(c.model_dump(), "rollouts.")
+    run.log_input(CURATED_RL, context="questions")
+    run.log_input(SFT_MODEL, context="student")
+    torch.manual_seed(cfg.seed)
+    model, processor = load_student(root / SFT_MODEL)
+    rows = load_rows(root / CURATED_RL)
+    sampling = Sampling(do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+                        max_new_tokens=c.max_new_tokens)
+    texts, tokens, seconds = generate_answers(
+        model, processor, [r.question for r in rows], [r.image for r in rows], sampling, batch_size=32,
+        num_return_sequences=c.samples_per_question,
+        progress=lambda done, total: say("rollouts", f"{done}/{total} questions"))
+    n = c.samples_per_question
+    df = pd.DataFrame([{"question_id": r.id, "sample_index": k, "answer": texts[i * n + k], "tokens": tokens[i * n + k]}
+                       for i, r in enumerate(rows) for k in range(n)])
+    (root / ROLLOUTS).parent.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(root / ROLLOUTS, index=False)
+    metrics = {"answers": len(df), "seconds": seconds, "answers_per_s": len(df) / max(seconds, 1e-9),
+               "mean_tokens": float(df["tokens"].mean())}
+    run.log_metrics(metrics)
+    write_stage_metrics(root, "rollouts", metrics)
+    say("rollouts", f"{len(df)} answers in {seconds:.1f} s -> {ROLLOUTS}")

@@ -1,0 +1,33 @@
+"""validate: the Great Expectations suite on every dataset; a failure stops the pipeline here."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from protege.config import Config
+from protege.data.validate import DatasetInvalid, summary_frame, validate_tables
+from protege.paths import SPLIT_TABLES, VALIDATION_REPORT
+from protege.stages.common import say
+
+
+def run(cfg: Config, root: Path, run) -> None:
+    import json
+
+    tables = [root / p for p in SPLIT_TABLES.values()]
+    for rel in SPLIT_TABLES.values():
+        run.log_input(rel, context="validate")
+    report, failures = validate_tables(tables)
+    # report paths relative to the project, as users know them
+    report["files"] = {str(Path(f).relative_to(root)) if Path(f).is_absolute() else f: v
+                       for f, v in report["files"].items()}
+    out = root / VALIDATION_REPORT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    run.log_artifact(out)
+    run.log_metrics({"failed_expectations": len(failures),
+                     "rows": sum(v["rows"] for v in report["files"].values())})
+    summary_frame(report).to_csv(root / "reports" / "validation_summary.csv", index=False)
+    if failures:
+        lines = [f.line().replace(str(root) + "/", "") for f in failures]
+        raise DatasetInvalid("validation failed; no later stage will run:\n" + "\n".join(lines))
+    say("validate", f"{len(tables)} files passed {len(report['files'][next(iter(report['files']))]['expectations'])} "
+                    f"expectations each -> {VALIDATION_REPORT}")

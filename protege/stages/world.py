@@ -1,0 +1,43 @@
+"""world: the embedded world's data (train / rl / test) and the base student it starts from.
+
+With real data this stage is replaced by importing your files and pointing at a pretrained student.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from protege.config import Config
+from protege.models.processor import StudentProcessor
+from protege.models.student import build_student, save_student
+from protege.models.tokenizer import train_tokenizer
+from protege.paths import BASE_MODEL, WORLD
+from protege.stages.common import say, write_stage_metrics
+from protege.world.generate import generate_world
+from protege.world.teachers import all_templates
+
+
+def run(cfg: Config, root: Path, run) -> None:
+    run.log_params(cfg.world.model_dump(), "world.")
+    run.log_params(cfg.model.model_dump(), "model.")
+    out = root / WORLD
+    if out.exists():
+        shutil.rmtree(out)
+    frames = generate_world(cfg.world, out)
+    say("world", ", ".join(f"{k}: {len(v)} rows" for k, v in frames.items()) + f" -> {WORLD}")
+
+    # the tokenizer learns the world's text (questions, answers, teacher phrasings) and nothing else
+    train = frames["train"]
+    texts = list(train["question"]) + list(train["answer"]) + all_templates() * 20
+    texts += [c for cands in train["candidates"] for c in json.loads(cands)]
+    tokenizer = train_tokenizer(texts, cfg.world.vocab_size)
+    processor = StudentProcessor.create(tokenizer, cfg.world.image_size, cfg.model.patch_size, cfg.model.merge_size)
+    model = build_student(cfg.model, processor, cfg.seed)
+    save_student(model, processor, root / BASE_MODEL)
+    n_params = sum(p.numel() for p in model.parameters())
+    say("world", f"base student: {n_params:,} parameters, vocabulary {len(tokenizer)} -> {BASE_MODEL}")
+    metrics = {**{f"rows_{k}": len(v) for k, v in frames.items()}, "student_parameters": n_params,
+               "vocab_size": len(tokenizer)}
+    run.log_metrics(metrics)
+    write_stage_metrics(root, "world", metrics)

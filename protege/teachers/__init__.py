@@ -1,0 +1,1 @@
+"""Teachers behind one interface, and the content-addressed cache of their answers."""

@@ -1,0 +1,1 @@
+"""Supervised training loops (SFT, discriminator pretraining)."""
