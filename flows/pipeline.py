@@ -9,6 +9,8 @@ from pathlib import Path
 # a local run uses Prefect's ephemeral API server, with its state kept inside the project
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_ENABLED", "true")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# its first start in a new PREFECT_HOME creates the database; on 2 cores that can exceed the 20 s default
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_HOME", str(Path(".prefect").resolve()))
 
 from prefect import flow  # noqa: E402

@@ -1,0 +1,72 @@
+import subprocess
+import sys
+
+import pytest
+
+from protege.config import Config, ConfigError, load_config
+from tests.conftest import REPO
+
+
+def write(tmp_path, text):
+    p = tmp_path / "params.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_repo_params_are_valid():
+    cfg = load_config(REPO / "params.yaml")
+    assert cfg.rl.algorithm == "dr_grpo"
+    assert cfg.rl.clip_eps == 0.2 and cfg.rl.kl_beta == 0.04
+
+
+def test_defaults_fill_missing_sections(tmp_path):
+    cfg = load_config(write(tmp_path, "seed: 3\n"))
+    assert cfg.seed == 3 and cfg == Config(seed=3)
+
+
+def test_unknown_key_is_named(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "rl:\n  learning_rate: 0.1\n"))
+    msg = str(err.value)
+    assert "unknown key 'rl.learning_rate'" in msg and "lr" in msg
+    assert "\n" not in msg
+
+
+def test_unknown_top_level_key(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'sftt'"):
+        load_config(write(tmp_path, "sftt: {}\n"))
+
+
+def test_wrong_type_names_key_and_type(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "sft:\n  steps: many\n"))
+    assert "key 'sft.steps' expects int" in str(err.value)
+    assert "'many'" in str(err.value)
+
+
+def test_inconsistent_model_sizes(tmp_path):
+    with pytest.raises(ConfigError, match="divisible"):
+        load_config(write(tmp_path, "model:\n  hidden_size: 63\n"))
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="no such params file"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "rl: [\n"))
+
+
+def test_cli_prints_one_line_and_fails(tmp_path):
+    p = write(tmp_path, "rl:\n  bogus: 1\n")
+    proc = subprocess.run([sys.executable, "-m", "protege", "config", "show", "--params", str(p)],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "unknown key 'rl.bogus'" in lines[0]
+
+
+def test_cli_config_show_prints_resolved(tmp_path):
+    p = write(tmp_path, "sft:\n  steps: 7\n")
+    proc = subprocess.run([sys.executable, "-m", "protege", "config", "show", "--params", str(p)],
+                          capture_output=True, text=True, check=True)
+    assert '"steps": 7' in proc.stdout and '"clip_eps": 0.2' in proc.stdout
