@@ -35,6 +35,7 @@ def stage_env(parent_run_id: str | None) -> dict[str, str]:
     env = dict(os.environ)
     bin_dir = str(Path(sys.executable).parent)  # so `protege` and `dvc` of this environment are found
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["PYTHONUNBUFFERED"] = "1"  # stage progress reaches the user as it happens
     if parent_run_id:
         env[PARENT_ENV] = parent_run_id
     return env
@@ -43,7 +44,7 @@ def stage_env(parent_run_id: str | None) -> dict[str, str]:
 def repro_stage(project_dir: str | Path, stage: str, parent_run_id: str | None = None) -> list[str]:
     """`dvc repro --single-item STAGE`: runs the stage only if its deps or params changed."""
     project_dir = Path(project_dir).resolve()
-    cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", stage]
+    cmd = [sys.executable, "-m", "dvc", "repro", "--quiet", "--single-item", stage]
     tail: collections.deque[str] = collections.deque(maxlen=40)
     with subprocess.Popen(cmd, cwd=project_dir, env=stage_env(parent_run_id), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:

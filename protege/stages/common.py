@@ -8,7 +8,7 @@ from rich.console import Console
 
 from protege.paths import STAGE_METRICS
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # long lines stay whole in logs
 
 
 def say(stage: str, message: str) -> None:

@@ -1,0 +1,118 @@
+"""End to end: the Prefect flow runs every dvc.yaml stage on a tiny world, tracked in MLflow."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO
+
+TINY_PARAMS = """\
+world: {n_train: 64, n_rl: 12, n_test: 16}
+sft: {steps: 4, batch_size: 8, log_every: 2}
+rollouts: {samples_per_question: 2, max_new_tokens: 6}
+disc_pretrain: {steps: 2, batch_size: 8}
+rl: {steps: 2, questions_per_step: 2, group_size: 2, save_every: 1, max_new_tokens: 6}
+evaluate: {max_new_tokens: 6}
+"""
+
+
+def make_project(tmp_path: Path) -> Path:
+    """A project folder like a user's clone: the DAG, tiny params, and the code dvc.yaml tracks."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    shutil.copy(REPO / "dvc.yaml", proj / "dvc.yaml")
+    shutil.copytree(REPO / "protege", proj / "protege", ignore=shutil.ignore_patterns("__pycache__"))
+    (proj / "params.yaml").write_text(TINY_PARAMS)
+    env = project_env(proj)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=proj, check=True, env=env)
+    return proj
+
+
+def project_env(proj: Path) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
+    env["PREFECT_HOME"] = str(proj / ".prefect")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def run_flow(proj: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.pipeline", "--project", str(proj), *extra], cwd=REPO,
+                          env=project_env(proj), capture_output=True, text=True, timeout=900)
+
+
+def mlflow_client(proj: Path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(f"sqlite:///{proj / 'mlflow.db'}")
+    return MlflowClient()
+
+
+@pytest.mark.slow
+def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
+    proj = make_project(tmp_path)
+    proc = run_flow(proj)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    for rel in ("data/world/train.parquet", "models/base/model.safetensors", "reports/validation.json",
+                "data/curated/rl.parquet", "data/teachers/concise.parquet", "data/teachers/verbose.parquet",
+                "models/sft/model.safetensors", "data/rollouts/student.parquet",
+                "models/discriminator/head.safetensors", "models/rl/step-00002/model.safetensors",
+                "models/merged/model.safetensors", "reports/eval.md", "reports/promotion.json"):
+        assert (proj / rel).exists(), rel
+    report = json.loads((proj / "reports/eval.json").read_text())
+    assert set(report["models"]) == {"sft", "rl_final", "merged"} and report["items"] == 16
+
+    status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=proj, env=project_env(proj),
+                            capture_output=True, text=True, check=True)
+    assert "up to date" in status.stdout, status.stdout
+
+    client = mlflow_client(proj)
+    exp = client.get_experiment_by_name("protege")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("protege.pipeline") == "true"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
+    assert set(children) == {"world", "validate", "curate", "teachers", "sft", "rollouts", "disc_pretrain", "rl",
+                             "merge", "evaluate", "promote"}
+    sft_loss = client.get_metric_history(children["sft"].info.run_id, "loss")
+    assert [m.step for m in sft_loss] == [2, 4]
+    assert children["sft"].inputs.dataset_inputs, "sft logged no input dataset"
+    champion = client.get_model_version_by_alias("protege-student", "champion")
+    assert champion.version == "1"
+
+    # a second run has nothing to do, and a changed rl param re-runs only rl and what follows it
+    params = proj / "params.yaml"
+    params.write_text(TINY_PARAMS.replace("save_every: 1", "save_every: 2"))
+    dry = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=proj, env=project_env(proj),
+                         capture_output=True, text=True, check=True).stdout
+    changed = {line.rstrip(":").strip() for line in dry.splitlines() if line and not line.startswith((" ", "\t"))}
+    assert changed == {"rl"}, dry  # status lists stages whose own inputs changed; downstream follows
+
+
+@pytest.mark.slow
+def test_bad_dataset_stops_the_flow_at_validate(tmp_path):
+    proj = make_project(tmp_path)
+    env = project_env(proj)
+    subprocess.run([sys.executable, "-m", "dvc", "repro", "--single-item", "world"], cwd=proj, env=env, check=True,
+                   capture_output=True)
+    table = proj / "data/world/train.parquet"
+    df = pd.read_parquet(table)
+    df.loc[7, "question"] = ""
+    df.to_parquet(table, index=False)
+    (proj / "data/world" / df.loc[2, "image"]).write_bytes(b"\x89PNG broken")
+    # record the edited data as the stage's output, as a user's own import would be
+    subprocess.run([sys.executable, "-m", "dvc", "commit", "-f", "world"], cwd=proj, env=env, check=True,
+                   capture_output=True)
+    proc = run_flow(proj)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "data/world/train.parquet: column 'question'" in out and "row 7" in out
+    assert "column 'image'" in out and "row 2" in out
+    assert not (proj / "data/curated").exists() and not (proj / "models/sft").exists()
