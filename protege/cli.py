@@ -59,7 +59,13 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
 def pipeline(project: Path = typer.Option(Path("."), help="project folder (holds dvc.yaml and params.yaml)"),
              params: Path = typer.Option(Path("params.yaml"), help="params file, checked before anything runs")) -> None:
     """Run the whole pipeline as a Prefect flow (each stage through DVC, tracked in MLflow)."""
+    from protege.pipeline import missing_dag_params
+
     _config(project / params)
+    missing = missing_dag_params(project, str(params))
+    if missing:
+        _fail(f"{project / params}: dvc.yaml tracks {', '.join(missing)} but the file does not set them; "
+              "write them out (`protege config show` prints every value)")
     # the flow lives outside the library (the library never imports Prefect): run it as its own process
     code = subprocess.call([sys.executable, "-m", "flows.pipeline", "--project", str(project)], env=os.environ.copy())
     raise typer.Exit(code)

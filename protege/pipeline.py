@@ -44,7 +44,7 @@ def stage_env(parent_run_id: str | None) -> dict[str, str]:
 def repro_stage(project_dir: str | Path, stage: str, parent_run_id: str | None = None) -> list[str]:
     """`dvc repro --single-item STAGE`: runs the stage only if its deps or params changed."""
     project_dir = Path(project_dir).resolve()
-    cmd = [sys.executable, "-m", "dvc", "repro", "--quiet", "--single-item", stage]
+    cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", stage]
     tail: collections.deque[str] = collections.deque(maxlen=40)
     with subprocess.Popen(cmd, cwd=project_dir, env=stage_env(parent_run_id), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
@@ -56,3 +56,20 @@ def repro_stage(project_dir: str | Path, stage: str, parent_run_id: str | None =
     if proc.returncode != 0:
         raise StageFailed(stage, proc.returncode, list(tail))
     return stage_outs(project_dir, stage)
+
+
+def missing_dag_params(project_dir: str | Path, params_file: str = "params.yaml") -> list[str]:
+    """Keys that dvc.yaml tracks but the params file leaves to defaults (DVC refuses to run those stages)."""
+    project_dir = Path(project_dir)
+    params = yaml.safe_load((project_dir / params_file).read_text()) or {}
+    stages = yaml.safe_load((project_dir / "dvc.yaml").read_text())["stages"]
+    missing = []
+    for spec in stages.values():
+        for key in spec.get("params", []):
+            node = params
+            for part in str(key).split("."):
+                if not isinstance(node, dict) or part not in node:
+                    missing.append(str(key))
+                    break
+                node = node[part]
+    return sorted(set(missing))

@@ -8,17 +8,25 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from tests.conftest import REPO
 
-TINY_PARAMS = """\
-world: {n_train: 64, n_rl: 12, n_test: 16}
-sft: {steps: 4, batch_size: 8, log_every: 2}
-rollouts: {samples_per_question: 2, max_new_tokens: 6}
-disc_pretrain: {steps: 2, batch_size: 8}
-rl: {steps: 2, questions_per_step: 2, group_size: 2, save_every: 1, max_new_tokens: 6}
-evaluate: {max_new_tokens: 6}
-"""
+TINY = {"world": {"n_train": 64, "n_rl": 12, "n_test": 16},
+        "sft": {"steps": 4, "batch_size": 8, "log_every": 2},
+        "rollouts": {"samples_per_question": 2, "max_new_tokens": 6},
+        "disc_pretrain": {"steps": 2, "batch_size": 8},
+        "rl": {"steps": 2, "questions_per_step": 2, "group_size": 2, "save_every": 1, "max_new_tokens": 6},
+        "evaluate": {"max_new_tokens": 6}}
+
+
+def tiny_params(**rl_overrides) -> str:
+    """The repository's params.yaml (every key DVC tracks) with tiny sizes."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in TINY.items():
+        params[section].update(values)
+    params["rl"].update(rl_overrides)
+    return yaml.safe_dump(params)
 
 
 def make_project(tmp_path: Path) -> Path:
@@ -27,7 +35,7 @@ def make_project(tmp_path: Path) -> Path:
     proj.mkdir()
     shutil.copy(REPO / "dvc.yaml", proj / "dvc.yaml")
     shutil.copytree(REPO / "protege", proj / "protege", ignore=shutil.ignore_patterns("__pycache__"))
-    (proj / "params.yaml").write_text(TINY_PARAMS)
+    (proj / "params.yaml").write_text(tiny_params())
     env = project_env(proj)
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=proj, check=True, env=env)
     return proj
@@ -85,11 +93,11 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
     assert [m.step for m in sft_loss] == [2, 4]
     assert children["sft"].inputs.dataset_inputs, "sft logged no input dataset"
     champion = client.get_model_version_by_alias("protege-student", "champion")
-    assert champion.version == "1"
+    assert str(champion.version) == "1"
 
     # a second run has nothing to do, and a changed rl param re-runs only rl and what follows it
     params = proj / "params.yaml"
-    params.write_text(TINY_PARAMS.replace("save_every: 1", "save_every: 2"))
+    params.write_text(tiny_params(save_every=2))
     dry = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=proj, env=project_env(proj),
                          capture_output=True, text=True, check=True).stdout
     changed = {line.rstrip(":").strip() for line in dry.splitlines() if line and not line.startswith((" ", "\t"))}

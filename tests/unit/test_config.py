@@ -70,3 +70,14 @@ def test_cli_config_show_prints_resolved(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "protege", "config", "show", "--params", str(p)],
                           capture_output=True, text=True, check=True)
     assert '"steps": 7' in proc.stdout and '"clip_eps": 0.2' in proc.stdout
+
+
+def test_pipeline_refuses_params_that_leave_dag_keys_to_defaults(tmp_path):
+    import shutil
+
+    shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
+    write(tmp_path, "seed: 1\nworld: {n_train: 10}\n")
+    proc = subprocess.run([sys.executable, "-m", "protege", "pipeline", "--project", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "dvc.yaml tracks" in proc.stderr and "model" in proc.stderr and "rl" in proc.stderr
