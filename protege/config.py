@@ -55,14 +55,58 @@ class ModelConfig(Section):
 
 
 class CurateConfig(Section):
-    max_tokens: int = Field(96, ge=8)
-    max_teacher_tokens: int = Field(48, ge=4)
+    max_tokens: int = Field(96, ge=8)            # prompt + image + answer tokens; longer rows are dropped
+    max_teacher_tokens: int = Field(48, ge=4)    # teacher answers longer than this leave the training view
+    select: int = Field(256, ge=1)               # questions kept for RL after log-prob sampling
+    rule: Literal["softmax", "stratified", "lowest"] = "softmax"
+    tau: float = Field(0.5, gt=0)                # softmax temperature over -logprob
+    buckets: int = Field(4, ge=1)                # stratified: log-prob quantile buckets
+    batch_size: int = Field(64, ge=1)
+
+
+class TeacherSpec(Section):
+    """One teacher. `scripted` needs nothing; `transformers`/`vllm` need `model` (a local path);
+    `openai` needs `model` (the served name) and `base_url` (…/v1), and reads its key from `api_key_env`."""
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    backend: Literal["scripted", "transformers", "vllm", "openai"] = "scripted"
+    style: Literal["concise", "verbose"] | None = None  # scripted only; defaults to the name
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    concurrency: int = Field(32, ge=1)
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(5, ge=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(128, ge=1)
+    batch_size: int = Field(32, ge=1)
+
+    @model_validator(mode="after")
+    def _backend_needs(self) -> "TeacherSpec":
+        if self.backend == "scripted" and (self.style or self.name) not in ("concise", "verbose"):
+            raise ValueError(f"teacher '{self.name}': a scripted teacher needs style 'concise' or 'verbose'")
+        if self.backend != "scripted" and not self.model:
+            raise ValueError(f"teacher '{self.name}': backend '{self.backend}' needs 'model'")
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError(f"teacher '{self.name}': backend 'openai' needs 'base_url' (e.g. http://host:8000/v1)")
+        return self
 
 
 class TeachersConfig(Section):
-    names: list[Literal["concise", "verbose"]] = ["concise", "verbose"]
+    pool: list[TeacherSpec] = [TeacherSpec(name="concise"), TeacherSpec(name="verbose")]
     answers_per_question: int = Field(4, ge=1)
-    error_rate: float = Field(0.1, ge=0, le=1)
+    error_rate: float = Field(0.1, ge=0, le=1)  # scripted teachers only
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "TeachersConfig":
+        names = [t.name for t in self.pool]
+        if len(set(names)) != len(names) or not names:
+            raise ValueError(f"teachers.pool needs at least one teacher and unique names (got {names})")
+        return self
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.pool]
 
 
 class SFTConfig(Section):

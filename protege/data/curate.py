@@ -1,28 +1,119 @@
-"""Curation of the RL pool: overlong filtering by the tokens the student will actually see."""
+"""Curation of the RL pool (RIL's data recipe): overlong filtering, then log-probability sampling.
+
+Overlong filtering counts what the model will see: chat template + image tokens + question + answer,
+with the student's own tokenizer and image processor. Log-probability sampling scores each remaining
+question by the SFT student's mean token log-prob of the reference answer and keeps a subset that
+favours what the student finds hard (low log-prob), by one of three rules.
+"""
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import torch
 from PIL import Image
 
-from protege.data.rows import image_path, read_table
+from protege.data.rows import Row, image_path, read_table
 from protege.models.processor import StudentProcessor
 
+RULES = ("softmax", "stratified", "lowest")
 
-def overlong_filter(table: Path, processor: StudentProcessor, max_tokens: int) -> tuple[pd.DataFrame, dict]:
-    """Keeps rows whose chat-formatted prompt + image tokens + answer fit in `max_tokens`."""
+
+def with_token_lengths(table: Path, processor: StudentProcessor) -> pd.DataFrame:
+    """The table plus `tokens`: chat-formatted prompt + image tokens + answer, as the student sees them."""
     df = read_table(table)
     lengths = []
     for rec in df.to_dict("records"):
         with Image.open(image_path(table, rec["image"])) as im:
             lengths.append(processor.token_length(rec["question"], rec["answer"], im.convert("RGB")))
-    df = df.assign(tokens=lengths)
-    kept = df[df["tokens"] <= max_tokens].reset_index(drop=True)
-    report = {"input_rows": len(df), "kept": len(kept), "dropped_overlong": len(df) - len(kept),
-              "max_tokens": max_tokens, "mean_tokens": float(df["tokens"].mean()) if len(df) else 0.0}
-    return kept, report
+    return df.assign(tokens=lengths)
 
 
 def answer_tokens(processor: StudentProcessor, answer: str) -> int:
     return len(processor.tokenizer(answer, add_special_tokens=False)["input_ids"])
+
+
+@torch.no_grad()
+def answer_logprobs(model, processor: StudentProcessor, rows: list[Row], batch_size: int,
+                    progress: Callable[[int, int], None] | None = None) -> list[float]:
+    """Mean token log-prob of each reference answer under the model (end-of-turn token excluded)."""
+    model.eval()
+    eos = processor.tokenizer.eos_token_id
+    out: list[float] = []
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i:i + batch_size]
+        batch = processor.encode_pairs([r.question for r in chunk], [r.image for r in chunk], [r.answer for r in chunk])
+        mask = batch.pop("answer_mask")
+        logits = model(**batch).logits[:, :-1].float()  # position t predicts token t+1
+        targets = batch["input_ids"][:, 1:]
+        logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T-1]
+        m = (mask[:, 1:] == 1) & (targets != eos)
+        out += ((logp * m).sum(1) / m.sum(1).clamp(min=1)).tolist()
+        if progress:
+            progress(min(i + batch_size, len(rows)), len(rows))
+    return out
+
+
+def select_by_logprob(logprobs: np.ndarray, k: int, rule: str, tau: float = 1.0, buckets: int = 4,
+                      seed: int = 0) -> np.ndarray:
+    """Indices of the k questions to keep (sorted). Low log-prob = hard for the student.
+
+    softmax:    sample without replacement with p_i proportional to exp(-logprob_i / tau)
+    stratified: equal draws from `buckets` log-prob quantile buckets (the remainder to the hardest)
+    lowest:     the k lowest log-probs
+    """
+    n = len(logprobs)
+    if k >= n:
+        return np.arange(n)
+    rng = np.random.default_rng(seed)
+    if rule == "lowest":
+        return np.sort(np.argsort(logprobs, kind="stable")[:k])
+    if rule == "softmax":
+        z = -np.asarray(logprobs, dtype=np.float64) / tau
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        if (p > 0).sum() < k:  # tau so small that fewer than k have any mass: the rule's limit is lowest-k
+            return np.sort(np.argsort(logprobs, kind="stable")[:k])
+        return np.sort(rng.choice(n, size=k, replace=False, p=p))
+    if rule == "stratified":
+        order = np.argsort(logprobs, kind="stable")
+        groups = np.array_split(order, buckets)
+        share = [k // buckets + (1 if b < k % buckets else 0) for b in range(buckets)]
+        chosen, spill = [], 0
+        for g, s in zip(groups, share):
+            take = min(len(g), s + spill)
+            spill = s + spill - take
+            chosen += list(rng.choice(g, size=take, replace=False))
+        return np.sort(np.array(chosen, dtype=int))
+    raise ValueError(f"unknown selection rule {rule!r}; expected one of {RULES}")
+
+
+def histogram(before: list[float], after: list[float], bins: int = 20) -> pd.DataFrame:
+    """Counts of a quantity over shared bins, before and after curation (for PNG and DVC plots)."""
+    lo, hi = min(before), max(before)
+    if math.isclose(lo, hi):
+        hi = lo + 1.0
+    edges = np.linspace(lo, hi, bins + 1)
+    return pd.DataFrame({"bin": np.round((edges[:-1] + edges[1:]) / 2, 4),
+                         "pool": np.histogram(before, edges)[0], "selected": np.histogram(after, edges)[0]})
+
+
+def plot_histograms(hists: dict[str, pd.DataFrame], out_png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(hists), figsize=(5 * len(hists), 3.5))
+    for ax, (name, h) in zip(np.atleast_1d(axes), hists.items()):
+        width = (h["bin"].iloc[1] - h["bin"].iloc[0]) if len(h) > 1 else 1.0
+        ax.bar(h["bin"], h["pool"], width=width, alpha=0.5, label="pool")
+        ax.bar(h["bin"], h["selected"], width=width * 0.6, alpha=0.8, label="selected")
+        ax.set_title(name)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)

@@ -1,10 +1,13 @@
-"""Great Expectations suite for question datasets; a failing dataset stops the pipeline.
+"""Great Expectations suites built from the schemas in protege.data.schemas.
 
-Image readability is not a native expectation, so each image is opened here and the outcome becomes a
-column (`image_readable`) that the suite checks like any other.
+Checks GX has no native expectation for (an image decodes, within size limits; an option letter names
+one of the listed options; a source line parsed) are computed here into boolean columns, which the suite
+then expects to be True like any other column. A failure names the file, the column, the first rows
+(with the source line when the table was imported) and the expectation.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,13 +15,22 @@ import pandas as pd
 from PIL import Image
 
 from protege.data.rows import image_path, read_table
+from protege.data.schemas import MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, OPTION_LETTERS, QUESTION_ROWS, Schema
+from protege.errors import UserFacingError
 
-MAX_QUESTION_CHARS = 1000
-MAX_ANSWER_CHARS = 200
 SHOW_ROWS = 5
+TYPE_LISTS = {"str": ["str"], "int": ["int64", "int32", "Int64", "int"], "float": ["float64", "float32", "float"],
+              "bool": ["bool", "bool_"]}
+# a derived check is reported against the column a user knows
+DERIVED_COLUMN = {"image_readable": "image", "image_size_ok": "image", "answer_in_options": "answer",
+                  "parsed": "source"}
+DERIVED_MEANING = {"image_readable": "image file exists and decodes",
+                   "image_size_ok": f"image sides within {MIN_IMAGE_SIDE}..{MAX_IMAGE_SIDE} px",
+                   "answer_in_options": "option-letter answer names a listed option",
+                   "parsed": "source line parses (UTF-8 JSON with the expected fields)"}
 
 
-class DatasetInvalid(ValueError):
+class DatasetInvalid(UserFacingError, ValueError):
     """A dataset failed its suite; the message names file, column, rows and expectation."""
 
 
@@ -31,79 +43,138 @@ class Failure:
     rows: list[dict]
 
     def line(self) -> str:
-        shown = ", ".join(f"row {r['row']} (id={r['id']!r})" for r in self.rows[:SHOW_ROWS])
+        shown = ", ".join(f"row {r['row']} (id={r['id']!r}" + (f", {r['source']}" if r.get("source") else "") + ")"
+                          for r in self.rows[:SHOW_ROWS])
         more = f" and {self.count - SHOW_ROWS} more" if self.count > SHOW_ROWS else ""
         return f"{self.file}: column '{self.column}' failed {self.expectation} in {self.count} row(s): {shown}{more}"
 
 
-def _image_readable(table: Path, rel) -> bool:
+def image_checks(table: Path, rel) -> tuple[bool, bool]:
+    """(decodes, size within limits) for one image path relative to the table.
+
+    An image that does not decode is reported once, by the first check; its size is not judged."""
     if not isinstance(rel, str) or not rel:
-        return False
+        return False, True
     try:
         with Image.open(image_path(table, rel)) as im:
             im.load()  # decode the pixels: verify() alone misses truncated files
-        return True
+            w, h = im.size
+        return True, MIN_IMAGE_SIDE <= min(w, h) and max(w, h) <= MAX_IMAGE_SIDE
     except Exception:
+        return False, True
+
+
+def answer_in_options(answer, options_json) -> bool:
+    """A single-letter answer of a multiple-choice row must be one of the first len(options) letters."""
+    try:
+        options = json.loads(options_json) if isinstance(options_json, str) and options_json else []
+    except json.JSONDecodeError:
         return False
+    if not options:
+        return True
+    return isinstance(answer, str) and answer.strip() in OPTION_LETTERS[: len(options)]
 
 
-def _suite(gx):
+def question_frame(path: Path) -> pd.DataFrame:
+    """A question table with the derived columns its suite checks."""
+    df = read_table(path).reset_index(drop=True)
+    df.insert(0, "row", range(len(df)))
+    for col in ("question", "answer"):
+        df[col] = df[col].map(lambda v: v.strip() if isinstance(v, str) else v)
+    checks = [image_checks(path, rel) for rel in df["image"]]
+    df["image_readable"] = [c[0] for c in checks]
+    df["image_size_ok"] = [c[1] for c in checks]
+    df["answer_in_options"] = [answer_in_options(a, o) for a, o in
+                               zip(df["answer"], df["options"] if "options" in df else [""] * len(df))]
+    if "parsed" not in df:
+        df["parsed"] = True
+    return df
+
+
+def _expectations(gx, schema: Schema) -> list:
     e = gx.expectations
-    suite = gx.ExpectationSuite(name="question_rows")
-    for exp in [
-        e.ExpectColumnValuesToBeUnique(column="id"),
-        e.ExpectColumnValuesToNotBeNull(column="id"),
-        e.ExpectColumnValuesToNotBeNull(column="question"),
-        e.ExpectColumnValueLengthsToBeBetween(column="question", min_value=1, max_value=MAX_QUESTION_CHARS),
-        e.ExpectColumnValuesToNotBeNull(column="answer"),
-        e.ExpectColumnValueLengthsToBeBetween(column="answer", min_value=1, max_value=MAX_ANSWER_CHARS),
-        e.ExpectColumnValuesToBeInSet(column="image_readable", value_set=[True]),
-    ]:
-        suite.add_expectation(exp)
-    return suite
+    out = []
+    for c in schema.columns:
+        out.append(e.ExpectColumnToExist(column=c.name))
+        if not c.nullable:
+            out.append(e.ExpectColumnValuesToNotBeNull(column=c.name))
+        out.append(e.ExpectColumnValuesToBeInTypeList(column=c.name, type_list=TYPE_LISTS[c.dtype]))
+        if c.unique:
+            out.append(e.ExpectColumnValuesToBeUnique(column=c.name))
+        if c.min_length is not None or c.max_length is not None:
+            out.append(e.ExpectColumnValueLengthsToBeBetween(column=c.name, min_value=c.min_length,
+                                                             max_value=c.max_length))
+        if c.allowed is not None:
+            out.append(e.ExpectColumnValuesToBeInSet(column=c.name, value_set=list(c.allowed)))
+        if c.min_value is not None or c.max_value is not None:
+            out.append(e.ExpectColumnValuesToBeBetween(column=c.name, min_value=c.min_value, max_value=c.max_value))
+    for derived in schema.derived_checks:
+        out.append(e.ExpectColumnValuesToBeInSet(column=derived, value_set=[True],
+                                                 meta={"meaning": DERIVED_MEANING.get(derived, derived)}))
+    return out
 
 
-def validate_tables(paths: list[Path]) -> tuple[dict, list[Failure]]:
-    """Runs the suite on each table; returns a JSON-able report and the failures (empty if all pass)."""
+def run_suite(frames: dict[str, pd.DataFrame], schema: Schema, id_column: str = "id") -> tuple[dict, list[Failure]]:
+    """Validates each frame (keyed by the file name to report) against the schema's suite."""
     import great_expectations as gx  # ~3-7 s to import: only when validating
-
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)  # one line per file is enough
     source = ctx.data_sources.add_pandas("protege")
-    suite = ctx.suites.add(_suite(gx))
-    report, failures = {"suite": suite.name, "files": {}}, []
-    for path in paths:
-        df = read_table(path).reset_index(drop=True)
-        df.insert(0, "row", range(len(df)))
-        df["image_readable"] = [_image_readable(path, rel) for rel in df["image"]]
-        df["question"] = df["question"].map(lambda v: v.strip() if isinstance(v, str) else v)
-        df["answer"] = df["answer"].map(lambda v: v.strip() if isinstance(v, str) else v)
-        asset = source.add_dataframe_asset(str(path))
+    suite = gx.ExpectationSuite(name=schema.name)
+    for exp in _expectations(gx, schema):
+        suite.add_expectation(exp)
+    suite = ctx.suites.add(suite)
+    report, failures = {"suite": schema.name, "files": {}}, []
+    for label, df in frames.items():
+        df = df.copy()
+        for col in df.columns:  # pandas 3 string columns -> object, so GX checks each value's own type
+            if isinstance(df[col].dtype, pd.StringDtype):
+                df[col] = df[col].astype(object).where(df[col].notna(), None)
+        if "row" not in df:
+            df.insert(0, "row", range(len(df)))
+        if id_column not in df:
+            df[id_column] = None
+        index_cols = ["row", id_column] + (["source"] if "source" in df else [])
+        present = [c.name for c in schema.columns if c.name in df] + [d for d in schema.derived_checks if d in df]
+        missing = [c.name for c in schema.columns if c.name not in df and not c.nullable]
+        missing += [d for d in schema.derived_checks if d not in df]
+        if missing:
+            failures.append(Failure(label, ",".join(missing), "expect_column_to_exist", len(df), []))
+            report["files"][label] = {"rows": len(df), "success": False, "missing_columns": missing}
+            continue
+        asset = source.add_dataframe_asset(label)
         batch = asset.add_batch_definition_whole_dataframe("all")
-        vd = ctx.validation_definitions.add(gx.ValidationDefinition(data=batch, suite=suite, name=str(path)))
-        result = vd.run(batch_parameters={"dataframe": df},
-                        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["row", "id"]})
+        vd = ctx.validation_definitions.add(gx.ValidationDefinition(data=batch, suite=suite, name=label))
+        result = vd.run(batch_parameters={"dataframe": df[list(dict.fromkeys(index_cols + present))]},
+                        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": index_cols})
         entries = []
         for r in result.results:
             column = r.expectation_config.kwargs.get("column")
-            # readability is checked on a derived column; report it against the column users know
-            shown_column = "image" if column == "image_readable" else column
+            shown = DERIVED_COLUMN.get(column, column)
             unexpected = r.result.get("unexpected_index_list") or []
-            entries.append({"expectation": r.expectation_config.type, "column": shown_column,
-                            "success": bool(r.success), "unexpected_count": int(r.result.get("unexpected_count") or 0),
-                            "rows": [{"row": int(u["row"]), "id": str(u["id"])} for u in unexpected[:SHOW_ROWS]]})
+            rows = [{"row": int(u["row"]), "id": None if pd.isna(u.get(id_column)) else str(u.get(id_column)),
+                     **({"source": u["source"]} if u.get("source") else {})} for u in unexpected[:SHOW_ROWS]]
+            name = r.expectation_config.type + (f" ({DERIVED_MEANING[column]})" if column in DERIVED_MEANING else "")
+            count = int(r.result.get("unexpected_count") or len(unexpected) or (0 if r.success else 1))
+            entries.append({"expectation": name, "column": shown, "success": bool(r.success),
+                            "unexpected_count": count if not r.success else 0, "rows": rows})
             if not r.success:
-                failures.append(Failure(str(path), shown_column, r.expectation_config.type,
-                                        int(r.result.get("unexpected_count") or len(unexpected)),
-                                        entries[-1]["rows"]))
-        report["files"][str(path)] = {"rows": len(df), "success": bool(result.success), "expectations": entries}
+                failures.append(Failure(label, shown, name, count, rows))
+        report["files"][label] = {"rows": len(df), "success": bool(result.success), "expectations": entries}
     report["success"] = not failures
     return report, failures
+
+
+def validate_tables(paths: list[Path], schema: Schema = QUESTION_ROWS) -> tuple[dict, list[Failure]]:
+    """Question tables on disk (parquet + images): the derived checks, then the suite."""
+    return run_suite({str(p): question_frame(Path(p)) for p in paths}, schema)
 
 
 def summary_frame(report: dict) -> pd.DataFrame:
     return pd.DataFrame([{"file": f, "expectation": e["expectation"], "column": e["column"],
                           "success": e["success"], "unexpected": e["unexpected_count"]}
-                         for f, body in report["files"].items() for e in body["expectations"]])
+                         for f, body in report["files"].items() for e in body.get("expectations", [])])
+
+

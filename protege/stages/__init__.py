@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-STAGES = ("world", "validate", "curate", "teachers", "sft", "rollouts", "disc_pretrain", "rl", "merge",
+STAGES = ("world", "validate", "sft", "curate", "teachers", "rollouts", "disc_pretrain", "rl", "merge",
           "evaluate", "promote")
 
 

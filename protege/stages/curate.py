@@ -1,35 +1,68 @@
-"""curate: overlong filtering of the RL pool, counted in the tokens the student will see."""
+"""curate: overlong filtering, then log-probability sampling of the RL pool with the SFT student."""
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from protege.config import Config
-from protege.data.curate import overlong_filter
-from protege.models.processor import StudentProcessor
-from protege.paths import BASE_MODEL, CURATED, CURATED_RL, CURATION_REPORT, SPLIT_TABLES
+from protege.data.curate import answer_logprobs, histogram, plot_histograms, select_by_logprob, with_token_lengths
+from protege.data.rows import load_rows
+from protege.models.student import load_student
+from protege.paths import CURATED, CURATED_RL, CURATION_PLOTS, CURATION_REPORT, SFT_MODEL, SPLIT_TABLES
 from protege.stages.common import say
 
 
 def run(cfg: Config, root: Path, run) -> None:
-    run.log_params(cfg.curate.model_dump(), "curate.")
-    run.log_input(SPLIT_TABLES["rl"], context="curate")
-    processor = StudentProcessor.from_pretrained(root / BASE_MODEL)
-    kept, report = overlong_filter(root / SPLIT_TABLES["rl"], processor, cfg.curate.max_tokens)
-    if kept.empty:
+    c = cfg.curate
+    run.log_params(c.model_dump(), "curate.")
+    run.log_input(SPLIT_TABLES["rl"], context="pool")
+    run.log_input(SFT_MODEL, context="scorer")
+    model, processor = load_student(root / SFT_MODEL)
+    table = root / SPLIT_TABLES["rl"]
+    df = with_token_lengths(table, processor)
+    over = df["tokens"] > c.max_tokens
+    pool = df[~over].reset_index(drop=True)
+    if pool.empty:
         raise ValueError(f"curate: every row of {SPLIT_TABLES['rl']} is longer than curate.max_tokens="
-                         f"{cfg.curate.max_tokens} tokens (mean {report['mean_tokens']:.1f}); raise the cap")
+                         f"{c.max_tokens} tokens (mean {df['tokens'].mean():.1f}); raise the cap")
+    rows = {r.id: r for r in load_rows(table)}
+    logprobs = np.array(answer_logprobs(model, processor, [rows[i] for i in pool["id"]], c.batch_size,
+                                        progress=lambda d, t: say("curate", f"scored {d}/{t}")))
+    keep = select_by_logprob(logprobs, c.select, c.rule, c.tau, c.buckets, cfg.seed)
+    pool = pool.assign(logprob=logprobs)
+    chosen = pool.iloc[keep].reset_index(drop=True)
+
     out = root / CURATED
     if out.exists():
         shutil.rmtree(out)
     (out / "images").mkdir(parents=True)
     # the curated table is self-contained: its images travel with it
-    shutil.copytree(root / SPLIT_TABLES["rl"].parent / "images" / "rl", out / "images" / "rl")
-    kept.to_parquet(root / CURATED_RL, index=False)
+    shutil.copytree(table.parent / "images" / "rl", out / "images" / "rl")
+    chosen.to_parquet(root / CURATED_RL, index=False)
+
+    report = {"rule": c.rule, "tau": c.tau, "buckets": c.buckets, "input_rows": len(df),
+              "dropped": {"overlong": int(over.sum()), "not_selected": len(pool) - len(chosen)},
+              "kept": len(chosen), "max_tokens": c.max_tokens,
+              "mean_logprob_pool": float(logprobs.mean()), "mean_logprob_selected": float(chosen["logprob"].mean()),
+              "mean_tokens_pool": float(df["tokens"].mean()), "mean_tokens_selected": float(chosen["tokens"].mean())}
     (root / CURATION_REPORT).parent.mkdir(parents=True, exist_ok=True)
     (root / CURATION_REPORT).write_text(json.dumps(report, indent=2))
-    run.log_metrics({k: v for k, v in report.items() if isinstance(v, (int, float))})
+    plots = root / CURATION_PLOTS
+    plots.mkdir(parents=True, exist_ok=True)
+    hists = {"logprob": histogram(list(logprobs), list(chosen["logprob"])),
+             "tokens": histogram([float(t) for t in df["tokens"]], [float(t) for t in chosen["tokens"]])}
+    for name, h in hists.items():
+        h.to_csv(plots / f"{name}.csv", index=False)
+    plot_histograms(hists, plots / "histograms.png")
+    run.log_metrics({"kept": len(chosen), "dropped_overlong": int(over.sum()),
+                     "dropped_not_selected": len(pool) - len(chosen),
+                     "mean_logprob_pool": report["mean_logprob_pool"],
+                     "mean_logprob_selected": report["mean_logprob_selected"]})
     run.log_artifact(root / CURATION_REPORT)
-    say("curate", f"kept {report['kept']}/{report['input_rows']} (dropped {report['dropped_overlong']} overlong) "
-                  f"-> {CURATED_RL}")
+    run.log_artifact(plots, "curation")
+    say("curate", f"kept {len(chosen)}/{len(df)} ({int(over.sum())} overlong, {len(pool) - len(chosen)} not "
+                  f"selected by {c.rule}); mean log-prob {report['mean_logprob_pool']:.3f} in the pool -> "
+                  f"{report['mean_logprob_selected']:.3f} selected")

@@ -9,18 +9,18 @@ from protege.config import Config
 from protege.data.rows import load_rows
 from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
-from protege.paths import CURATED_RL, DISCRIMINATOR, ROLLOUTS, SFT_MODEL, TEACHER_CACHE
+from protege.paths import CURATED_RL, DISCRIMINATOR, ROLLOUTS, SFT_MODEL, TEACHER_ANSWERS
 from protege.stages.common import say, step_logger, write_stage_metrics
 from protege.train.disc_pretrain import Example, pretrain_discriminator
 
 
 def run(cfg: Config, root: Path, run) -> None:
     run.log_params(cfg.disc_pretrain.model_dump(), "disc_pretrain.")
-    for rel, ctx in ((ROLLOUTS, "student_answers"), (TEACHER_CACHE, "teacher_answers"), (SFT_MODEL, "init")):
+    for rel, ctx in ((ROLLOUTS, "student_answers"), (TEACHER_ANSWERS, "teacher_answers"), (SFT_MODEL, "init")):
         run.log_input(rel, context=ctx)
     rows = {r.id: r for r in load_rows(root / CURATED_RL)}
     student = pd.read_parquet(root / ROLLOUTS)
-    teacher = pd.concat([pd.read_parquet(root / TEACHER_CACHE / f"{n}.parquet") for n in cfg.teachers.names])
+    teacher = pd.read_parquet(root / TEACHER_ANSWERS)
     examples = [Example(qid, rows[qid].question, rows[qid].image, ans, label)
                 for frame, label in ((student, 1.0), (teacher, 0.0))
                 for qid, ans in zip(frame["question_id"], frame["answer"]) if qid in rows]

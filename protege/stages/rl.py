@@ -7,14 +7,14 @@ from pathlib import Path
 from protege.config import Config
 from protege.data.rows import load_rows
 from protege.models.student import load_student
-from protege.paths import CURATED_RL, DISCRIMINATOR, RL_CHECKPOINTS, SFT_MODEL, TEACHER_CACHE
+from protege.paths import CURATED_RL, DISCRIMINATOR, RL_CHECKPOINTS, SFT_MODEL, TEACHER_ANSWERS
 from protege.rl.loop import run_rl
 from protege.stages.common import say, step_logger, write_stage_metrics
 
 
 def run(cfg: Config, root: Path, run) -> None:
     run.log_params(cfg.rl.model_dump(), "rl.")
-    for rel, ctx in ((CURATED_RL, "questions"), (SFT_MODEL, "init"), (TEACHER_CACHE, "teacher_answers"),
+    for rel, ctx in ((CURATED_RL, "questions"), (SFT_MODEL, "init"), (TEACHER_ANSWERS, "teacher_answers"),
                      (DISCRIMINATOR, "discriminator")):
         run.log_input(rel, context=ctx)
     policy, processor = load_student(root / SFT_MODEL)

@@ -1,46 +1,81 @@
-"""teachers: N answers per curated question from each teacher, in a content-addressed cache."""
+"""teachers: N answers per curated question from each teacher, in a content-addressed cache.
+
+Writes the cache (data/teachers/, kept across runs) and the training view (data/teacher_answers.parquet):
+this run's answers with those cut off by the length limit or over curate.max_teacher_tokens dropped.
+"""
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
+
+import pandas as pd
 
 from protege.config import Config
 from protege.data.curate import answer_tokens
+from protege.data.schemas import TEACHER_ANSWERS as TEACHER_ANSWER_ROWS
+from protege.data.validate import DatasetInvalid, run_suite
+from protege.errors import UserFacingError
 from protege.data.rows import image_path, read_table
 from protege.models.processor import StudentProcessor
-from protege.paths import BASE_MODEL, CURATED_RL, TEACHER_CACHE
+from protege.paths import BASE_MODEL, CURATED_RL, TEACHER_ANSWERS, TEACHER_CACHE
 from protege.stages.common import say, write_stage_metrics
-from protege.teachers.backends import ScriptedTeacher, TeacherRequest
-from protege.teachers.cache import TeacherCache, cache_key, file_sha256
+from protege.teachers.backends import TeacherRequest
+from protege.teachers.cache import TeacherCache, TeacherCacheIncomplete, cache_key, file_sha256
+from protege.teachers.factory import build_teacher
+
+
+def requests_for(questions: pd.DataFrame, table: Path, backend, processor: StudentProcessor, n: int) -> list[TeacherRequest]:
+    out = []
+    for rec in questions.to_dict("records"):
+        img = image_path(table, rec["image"])
+        prompt = processor.prompt(rec["question"])
+        for k in range(n):
+            key = cache_key(backend.name, backend.revision, prompt, file_sha256(img), backend.sampling.as_dict(), k)
+            out.append(TeacherRequest(key, rec["id"], rec["question"], str(img), rec.get("kind", ""), rec["answer"],
+                                      tuple(json.loads(rec.get("candidates") or "[]")), k))
+    return out
 
 
 def run(cfg: Config, root: Path, run) -> None:
-    run.log_params(cfg.teachers.model_dump(), "teachers.")
+    run.log_params({"answers_per_question": cfg.teachers.answers_per_question, "error_rate": cfg.teachers.error_rate,
+                    "pool": [t.model_dump(exclude_defaults=True) for t in cfg.teachers.pool]}, "teachers.")
     run.log_input(CURATED_RL, context="teachers")
     questions = read_table(root / CURATED_RL)
     processor = StudentProcessor.from_pretrained(root / BASE_MODEL)
     cache = TeacherCache(root / TEACHER_CACHE)
-    sampling = {"temperature": 1.0, "n": cfg.teachers.answers_per_question}
-    metrics = {}
-    for name in cfg.teachers.names:
-        backend = ScriptedTeacher(name, cfg.teachers.error_rate, cfg.seed)
-        requests = []
-        for rec in questions.to_dict("records"):
-            img_hash = file_sha256(image_path(root / CURATED_RL, rec["image"]))
-            prompt = processor.prompt(rec["question"])
-            for k in range(cfg.teachers.answers_per_question):
-                requests.append(TeacherRequest(cache_key(name, backend.revision, prompt, img_hash, sampling, k),
-                                               rec["id"], rec.get("kind", ""), rec["question"], rec["answer"],
-                                               tuple(json.loads(rec.get("candidates") or "[]")), k))
-        stats = cache.fill(backend, requests)
-        answers = cache.load(name)
-        lengths = [answer_tokens(processor, a) for a in answers["answer"]]
-        over = sum(n > cfg.curate.max_teacher_tokens for n in lengths)
-        metrics.update({f"{name}.requested": stats["requested"], f"{name}.answers": len(answers),
-                        f"{name}.over_cap": over, f"{name}.mean_tokens": statistics.fmean(lengths) if lengths else 0.0,
-                        f"{name}.p50_latency_s": statistics.median(answers["latency_s"]) if len(answers) else 0.0})
-        say("teachers", f"{name}: {len(answers)} answers cached, {stats['requested']} newly requested, "
-                        f"{over} over the {cfg.curate.max_teacher_tokens}-token cap")
+    metrics, views, incomplete = {}, [], []
+    for spec in cfg.teachers.pool:
+        backend = build_teacher(spec, root, cfg.teachers.error_rate, cfg.seed)
+        requests = requests_for(questions, root / CURATED_RL, backend, processor, cfg.teachers.answers_per_question)
+        say("teachers", f"{spec.name} ({spec.backend}): {len(requests)} answers wanted")
+        try:
+            stats = cache.fill(backend, requests)
+        except TeacherCacheIncomplete as exc:  # keep going: the other teachers' answers are worth having
+            incomplete.append(str(exc))
+            stats = {"failures": exc.missing, "requested": exc.total}
+        answers = cache.load(spec.name)
+        answers = answers[answers["key"].isin({r.key for r in requests})].copy()
+        answers["answer_tokens"] = [answer_tokens(processor, a) for a in answers["answer"]]
+        over = answers["answer_tokens"] > cfg.curate.max_teacher_tokens
+        truncated = answers["truncated"].astype(bool)
+        empty = answers["answer"].str.strip() == ""
+        views.append(answers[~over & ~truncated & ~empty])
+        m = {"answers": len(answers), "requested": stats.get("requested", 0), "failures": stats.get("failures", 0),
+             "dropped_over_cap": int(over.sum()), "dropped_truncated": int(truncated.sum()),
+             "dropped_empty": int(empty.sum()),
+             "mean_answer_tokens": float(answers["answer_tokens"].mean()) if len(answers) else 0.0,
+             "p50_latency_s": float(answers["latency_s"].median()) if len(answers) else 0.0,
+             "p95_latency_s": float(answers["latency_s"].quantile(0.95)) if len(answers) else 0.0}
+        metrics.update({f"{spec.name}.{k}": v for k, v in m.items()})
+        say("teachers", f"{spec.name}: {m['answers']} cached ({m['requested']} requested now, {m['failures']} failed), "
+                        f"dropped {m['dropped_over_cap']} over the {cfg.curate.max_teacher_tokens}-token cap and "
+                        f"{m['dropped_truncated']} cut off")
     run.log_metrics(metrics)
+    if incomplete:  # after logging: what was received stays cached, and the stage fails with the count
+        raise UserFacingError("\n".join(incomplete))
+    view = pd.concat(views, ignore_index=True)
+    _, failures = run_suite({str(TEACHER_ANSWERS): view}, TEACHER_ANSWER_ROWS, id_column="key")
+    if failures:
+        raise DatasetInvalid("teacher answers failed validation:\n" + "\n".join(f.line() for f in failures))
+    view.to_parquet(root / TEACHER_ANSWERS, index=False)
     write_stage_metrics(root, "teachers", metrics)

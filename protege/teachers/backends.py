@@ -1,8 +1,14 @@
-"""Teacher backends. A backend answers requests; the cache decides which requests are needed."""
+"""Teacher backends behind one interface.
+
+A backend answers a list of requests and reports each outcome through a callback as soon as it has it
+(an answer, or a failure after its retries), so the cache can persist work while the rest is running.
+"""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from protege.world.teachers import scripted_answer
@@ -12,11 +18,12 @@ from protege.world.teachers import scripted_answer
 class TeacherRequest:
     key: str
     question_id: str
-    kind: str
     question: str
-    reference: str
-    candidates: tuple[str, ...]
-    sample_index: int
+    image_path: str | None = None
+    kind: str = ""
+    reference: str = ""            # only the scripted teachers look at it
+    candidates: tuple[str, ...] = ()
+    sample_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -24,14 +31,37 @@ class TeacherAnswer:
     key: str
     text: str
     latency_s: float
-    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str             # "stop" | "length" (cut off by the token limit)
+
+
+@dataclass(frozen=True)
+class TeacherFailure:
+    key: str
+    error: str
+    attempts: int
+
+
+Outcome = TeacherAnswer | TeacherFailure
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 128
+
+    def as_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
 
 
 class TeacherBackend(Protocol):
     name: str
     revision: str
+    sampling: SamplingParams
 
-    def answer(self, requests: list[TeacherRequest]) -> list[TeacherAnswer]: ...
+    def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None: ...
 
 
 @dataclass
@@ -41,12 +71,100 @@ class ScriptedTeacher:
     error_rate: float
     seed: int
     revision: str = "scripted-v1"
+    sampling: SamplingParams = field(default_factory=SamplingParams)
 
-    def answer(self, requests: list[TeacherRequest]) -> list[TeacherAnswer]:
-        out = []
+    def __post_init__(self) -> None:
+        self.style = self.name  # the cache name may differ from the style (two scripted teachers alike)
+
+    def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
         for r in requests:
             t0 = time.perf_counter()
-            text = scripted_answer(self.name, r.kind, r.reference, list(r.candidates), r.question_id,
+            text = scripted_answer(self.style, r.kind, r.reference, list(r.candidates), r.question_id,
                                    r.sample_index, self.error_rate, self.seed)
-            out.append(TeacherAnswer(r.key, text, time.perf_counter() - t0, "stop"))
-        return out
+            on_outcome(TeacherAnswer(r.key, text, time.perf_counter() - t0, len(r.question.split()),
+                                     len(text.split()), "stop"))
+
+
+@dataclass
+class TransformersTeacher:
+    """A local checkpoint (any student-family model folder) answering with batched sampling."""
+    name: str
+    model_path: Path
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    batch_size: int = 32
+    seed: int = 0
+    revision: str = ""
+
+    def __post_init__(self) -> None:
+        from protege.models.student import load_student
+
+        self.model, self.processor = load_student(self.model_path)
+        if not self.revision:  # the weights' hash: a retrained checkpoint is a new teacher revision
+            from protege.teachers.cache import file_sha256
+
+            self.revision = file_sha256(Path(self.model_path) / "model.safetensors")[:16]
+
+    def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
+        import torch
+        from PIL import Image
+
+        from protege.generation.transformers_backend import Sampling, sample
+
+        s = Sampling(do_sample=self.sampling.temperature > 0, temperature=max(self.sampling.temperature, 1e-5),
+                     top_p=self.sampling.top_p, top_k=0, max_new_tokens=self.sampling.max_tokens)
+        torch.manual_seed(self.seed)
+        eos = self.processor.tokenizer.eos_token_id
+        for i in range(0, len(requests), self.batch_size):
+            chunk = requests[i:i + self.batch_size]
+            images = []
+            for r in chunk:
+                with Image.open(r.image_path) as im:
+                    images.append(im.convert("RGB"))
+            t0 = time.perf_counter()
+            batch = self.processor.encode_prompts([r.question for r in chunk], images)
+            c = sample(self.model, self.processor, batch, s)
+            latency = (time.perf_counter() - t0) / len(chunk)
+            prompt_tokens = batch["attention_mask"].sum(dim=1).tolist()
+            for j, r in enumerate(chunk):
+                n = int(c.completion_mask[j].sum())
+                ended = bool((c.sequences[j, c.prompt_len:][:n] == eos).any())
+                on_outcome(TeacherAnswer(r.key, c.texts[j], latency, int(prompt_tokens[j]), n,
+                                         "stop" if ended else "length"))
+
+
+@dataclass
+class VLLMTeacher:
+    """vLLM's offline engine on a GPU (extra `gpu`); imported only when used."""
+    name: str
+    model_path: str
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    revision: str = ""
+    engine_kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise RuntimeError("the vllm teacher backend needs vLLM on a CUDA machine: pip install 'protege[gpu]'") from exc
+        self.llm = LLM(model=str(self.model_path), **self.engine_kwargs)
+        self.revision = self.revision or str(self.model_path)
+
+    def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
+        from PIL import Image
+        from vllm import SamplingParams as VSampling
+
+        params = VSampling(temperature=self.sampling.temperature, top_p=self.sampling.top_p,
+                           max_tokens=self.sampling.max_tokens)
+        prompts = []
+        for r in requests:
+            with Image.open(r.image_path) as im:
+                image = im.convert("RGB")
+            prompts.append({"prompt": [{"role": "user", "content": [{"type": "image_pil", "image_pil": image},
+                                                                     {"type": "text", "text": r.question}]}]})
+        t0 = time.perf_counter()
+        outputs = self.llm.chat([p["prompt"] for p in prompts], params)
+        latency = (time.perf_counter() - t0) / max(1, len(requests))
+        for r, out in zip(requests, outputs):
+            o = out.outputs[0]
+            on_outcome(TeacherAnswer(r.key, o.text.strip(), latency, len(out.prompt_token_ids or []),
+                                     len(o.token_ids), "length" if o.finish_reason == "length" else "stop"))

@@ -13,6 +13,7 @@ import yaml
 from tests.conftest import REPO
 
 TINY = {"world": {"n_train": 64, "n_rl": 12, "n_test": 16},
+        "curate": {"select": 8},
         "sft": {"steps": 4, "batch_size": 8, "log_every": 2},
         "rollouts": {"samples_per_question": 2, "max_new_tokens": 6},
         "disc_pretrain": {"steps": 2, "batch_size": 8},
@@ -69,11 +70,15 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     for rel in ("data/world/train.parquet", "models/base/model.safetensors", "reports/validation.json",
-                "data/curated/rl.parquet", "data/teachers/concise.parquet", "data/teachers/verbose.parquet",
+                "data/curated/rl.parquet", "reports/curation/histograms.png", "reports/curation/logprob.csv",
+                "data/teachers/concise/index.json", "data/teachers/verbose/shard-000000.parquet",
+                "data/teacher_answers.parquet",
                 "models/sft/model.safetensors", "data/rollouts/student.parquet",
                 "models/discriminator/head.safetensors", "models/rl/step-00002/model.safetensors",
                 "models/merged/model.safetensors", "reports/eval.md", "reports/promotion.json"):
         assert (proj / rel).exists(), rel
+    curation = json.loads((proj / "reports/curation.json").read_text())
+    assert curation["kept"] == 8 and curation["dropped"]["not_selected"] == 4 and curation["rule"] == "softmax"
     report = json.loads((proj / "reports/eval.json").read_text())
     assert set(report["models"]) == {"sft", "rl_final", "merged"} and report["items"] == 16
 

@@ -59,3 +59,13 @@ def test_sft_changes_parameters_and_lowers_loss(tiny_student, tiny_processor, ti
     assert len(logged) == 3
     changed = [k for k, v in tiny_student.state_dict().items() if not torch.equal(v, before[k])]
     assert any("visual" in k for k in changed) and any("lm_head" in k for k in changed)
+
+
+def test_answer_logprobs_batched_and_bounded(tiny_student, tiny_processor, tiny_world):
+    from protege.data.curate import answer_logprobs
+
+    rows = load_rows(tiny_world / "rl.parquet")[:6]
+    batched = answer_logprobs(tiny_student, tiny_processor, rows, batch_size=6)
+    single = answer_logprobs(tiny_student, tiny_processor, rows, batch_size=1)
+    assert len(batched) == 6 and all(lp < 0 for lp in batched)
+    assert torch.allclose(torch.tensor(batched), torch.tensor(single), atol=1e-5)

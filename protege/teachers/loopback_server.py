@@ -1,0 +1,95 @@
+"""A small OpenAI-compatible chat-completions server for loopback use: tests, benchmarks, dry runs.
+
+It answers every request after a fixed latency with a deterministic text, and can be told to fail:
+`fail_first` requests get HTTP 500 before it recovers, or after `fail_after` successes it fails for good.
+It never runs a model; point the `openai` teacher backend at a real server for real answers.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ServerBehaviour:
+    latency_s: float = 0.0
+    fail_first: int = 0
+    fail_after: int | None = None
+    status_on_failure: int = 500
+    counts: dict = field(default_factory=lambda: {"requests": 0, "answered": 0, "failed": 0})
+
+
+def make_app(b: ServerBehaviour):
+    from aiohttp import web
+
+    async def chat(request: "web.Request") -> "web.Response":
+        b.counts["requests"] += 1
+        n = b.counts["requests"]
+        body = await request.json()
+        await asyncio.sleep(b.latency_s)
+        if n <= b.fail_first or (b.fail_after is not None and b.counts["answered"] >= b.fail_after):
+            b.counts["failed"] += 1
+            return web.json_response({"error": {"message": "injected failure"}}, status=b.status_on_failure)
+        b.counts["answered"] += 1
+        text = next(p["text"] for p in body["messages"][-1]["content"] if p.get("type") == "text")
+        digest = hashlib.sha256(repr((text, body.get("temperature"))).encode()).hexdigest()[:6]
+        answer = f"Looking closely, my answer is {digest}."
+        return web.json_response({
+            "id": f"chatcmpl-{n}", "object": "chat.completion", "model": body.get("model", "loopback"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": len(text.split()), "completion_tokens": len(answer.split())}})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+@contextmanager
+def serve_in_thread(behaviour: ServerBehaviour, host: str = "127.0.0.1"):
+    """Runs the server on a free loopback port in a background thread; yields its base URL (…/v1)."""
+    from aiohttp import web
+
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict = {}
+
+    async def start() -> None:
+        runner = web.AppRunner(make_app(behaviour), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, 0)
+        await site.start()
+        holder["runner"] = runner
+        holder["port"] = site._server.sockets[0].getsockname()[1]
+        ready.set()
+
+    thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield f"http://{host}:{holder['port']}/v1"
+    finally:
+        asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def main() -> None:
+    from aiohttp import web
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
+    ap.add_argument("--fail-first", type=int, default=0)
+    ap.add_argument("--fail-after", type=int, default=None)
+    args = ap.parse_args()
+    b = ServerBehaviour(args.latency, args.fail_first, args.fail_after)
+    web.run_app(make_app(b), host=args.host, port=args.port, access_log=None, print=lambda *a: None)
+
+
+if __name__ == "__main__":
+    main()
