@@ -109,7 +109,8 @@ class OpenAITeacher:
             async def bounded(r: TeacherRequest) -> None:
                 async with sem:
                     outcome = await self._one(session, r)
-                on_outcome(outcome)
+                # the callback may write a shard: off the event loop, so requests in flight keep moving
+                await asyncio.to_thread(on_outcome, outcome)
 
             await asyncio.gather(*(bounded(r) for r in requests))
 

@@ -68,3 +68,12 @@ def test_teacher_error_rate_one_is_always_wrong():
     for k in range(20):
         said = scripted_answer("concise", "count", "3", ["1", "2", "3", "4"], "q", k, 1.0, 0)
         assert "3" not in said
+
+
+def test_no_example_repeats_within_or_across_splits(tmp_path):
+    import hashlib
+
+    frames = generate_world(WorldConfig(n_train=300, n_rl=60, n_test=60), tmp_path)
+    keys = [(hashlib.sha256((tmp_path / rel).read_bytes()).hexdigest(), q)
+            for df in frames.values() for rel, q in zip(df["image"], df["question"])]
+    assert len(keys) == len(set(keys)) == 420
