@@ -136,7 +136,7 @@ class DiscPretrainConfig(Section):
 
 
 class RLConfig(SamplingConfig):
-    algorithm: Literal["dr_grpo", "grpo"] = "dr_grpo"
+    algorithm: Literal["dr_grpo", "grpo", "ril"] = "dr_grpo"
     steps: int = Field(40, ge=1)
     questions_per_step: int = Field(8, ge=1)
     group_size: int = Field(4, ge=2)
@@ -146,6 +146,25 @@ class RLConfig(SamplingConfig):
     repetition_penalty: float = Field(1.05, gt=0)
     trainable: Literal["attention+embeddings+head", "all", "attention"] = "attention+embeddings+head"
     save_every: int = Field(10, ge=1)
+    # RIL (algorithm: ril) and its ablations
+    w_sim: float = Field(1.0, ge=0)               # weight of the discriminator similarity reward
+    w_answer: float = Field(1.0, ge=0)            # weight of the judge's correctness reward
+    similarity: str = Field("binary", pattern=r"^(binary|continuous|levels:[0-9]+)$")
+    discriminator: Literal["updated", "fixed"] = "updated"
+    disc_updates: int = Field(1, ge=0)            # mu_d: discriminator updates per step
+    disc_lr: float = Field(1e-4, gt=0)
+    teachers: str = Field("both", min_length=1)   # "both" (every teacher) or one teacher's name
+    teacher_in_group: bool = True                 # off: teacher answers train D but are not in the group
+    judge: Literal["rule", "llm"] = "rule"
+    judge_model: TeacherSpec | None = None        # judge: llm -> a text backend (openai or vllm)
+    max_missing_fraction: float = Field(0.1, ge=0, le=1)  # questions without teacher answers: skip, or fail above this
+
+
+    @model_validator(mode="after")
+    def _judge_needs_model(self) -> "RLConfig":
+        if self.judge == "llm" and (self.judge_model is None or self.judge_model.backend not in ("openai", "vllm")):
+            raise ValueError("rl.judge 'llm' needs rl.judge_model with backend openai or vllm")
+        return self
 
 
 class MergeConfig(Section):
@@ -175,6 +194,13 @@ class Config(Section):
     merge: MergeConfig = MergeConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     promote: PromoteConfig = PromoteConfig()
+
+    @model_validator(mode="after")
+    def _rl_teachers_exist(self) -> "Config":
+        if self.rl.teachers != "both" and self.rl.teachers not in self.teachers.names:
+            raise ValueError(f"rl.teachers is {self.rl.teachers!r}: expected 'both' or one of teachers.pool "
+                             f"{self.teachers.names}")
+        return self
 
 
 def _type_name(annotation) -> str:

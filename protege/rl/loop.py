@@ -1,49 +1,120 @@
-"""The RL loop for `dr_grpo` and `grpo`: sample a group per question, judge, advantage, one update.
+"""One RL loop for `grpo`, `dr_grpo` and `ril`.
 
-Read top to bottom: this is the whole algorithm. The math lives in advantages.py and losses.py.
+Per step, per question: G student samples from pi_old; for `ril` also G cached teacher answers drawn
+across teachers, mu_d discriminator updates on the 2G, reward = w_sim * similarity + w_answer * judge;
+group-relative advantages; one clipped policy update with a k3 KL to pi_ref. Read top to bottom: this is
+the whole algorithm. The math lives in advantages.py and losses.py, the group layout in group.py.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from protege.config import RLConfig
 from protege.data.rows import Row
+from protege.errors import UserFacingError
 from protege.generation.transformers_backend import Sampling, sample
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.rewards.judge import rule_judge
+from protege.rewards.similarity import similarity_reward
 from protege.rl.advantages import group_advantages
+from protege.rl.checkpoint import read_state, restore_state, save_state
+from protege.rl.group import build_group
 from protege.rl.logprobs import completion_logprobs, repeat_vision
 from protege.rl.losses import policy_loss
 from protege.rl.trainable import select_trainable
+
+
+@dataclass
+class RLInputs:
+    rows: list[Row]
+    teacher_answers: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # question id -> (teacher, text)
+    discriminator: torch.nn.Module | None = None
+    judge: Callable[[list[str], list[str], list[str]], list[float]] | None = None  # None: the rule-based judge
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
     return out_dir / f"step-{step:05d}"
 
 
-def run_rl(policy, ref, processor: StudentProcessor, rows: list[Row], cfg: RLConfig, out_dir: Path, seed: int,
-           on_log: Callable[[int, dict], None] | None = None) -> list[Path]:
-    """Trains `policy` in place; `ref` is the frozen SFT model. Returns the checkpoint folders written."""
+def fingerprint(cfg: RLConfig, seed: int) -> str:
+    """Identifies the run a resume state belongs to: a state from other params is never resumed."""
+    return hashlib.sha256(json.dumps([cfg.model_dump(), seed], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: random.Random) -> list[str]:
+    pool = [text for teacher, text in answers if cfg.teachers == "both" or teacher == cfg.teachers]
+    if not pool:
+        return []
+    return rng.sample(pool, G) if len(pool) >= G else [rng.choice(pool) for _ in range(G)]
+
+
+def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], per_question: int):
+    qs = [r.question for r in rows for _ in range(per_question)]
+    ims = [r.image for r in rows for _ in range(per_question)]
+    return processor.encode_pairs(qs, ims, texts)
+
+
+def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLConfig, out_dir: Path, seed: int,
+           on_log: Callable[[int, dict], None] | None = None, state_dir: Path | None = None,
+           stop_after: int | None = None) -> list[Path]:
+    """Trains `policy` in place (`ref` = frozen SFT model). Returns the checkpoint folders written.
+
+    With `state_dir`, the full training state is saved every `save_every` steps and a matching state
+    found there is resumed from, reaching the same weights as an uninterrupted run.
+    `stop_after` ends the run early after that step (used to test resume).
+    """
     rng = random.Random(seed)
     torch.manual_seed(seed)
+    ril = cfg.algorithm == "ril"
     params = select_trainable(policy, cfg.trainable)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)  # constant LR, as in RIL
+    disc = inputs.discriminator if ril else None
+    disc_opt = torch.optim.AdamW(disc.parameters(), lr=cfg.disc_lr) if disc is not None else None
+    if ril and disc is None:
+        raise UserFacingError("rl.algorithm 'ril' needs a pretrained discriminator (run disc_pretrain first)")
     ref.eval().requires_grad_(False)
     sampling = Sampling(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                         repetition_penalty=cfg.repetition_penalty, max_new_tokens=cfg.max_new_tokens)
     tok = processor.tokenizer
     G = cfg.group_size
+    with_teachers = ril and cfg.teacher_in_group
+    longest_teacher = max((len(tok(t, add_special_tokens=False)["input_ids"]) + 1
+                           for a in inputs.teacher_answers.values() for _, t in a), default=0)
+    L_max = max(cfg.max_new_tokens, longest_teacher if with_teachers else 0)  # Dr.GRPO's constant denominator
+
+    if ril:  # questions with no answer from the chosen teachers cannot form a RIL group
+        usable = [r for r in inputs.rows if _teacher_draw(inputs.teacher_answers.get(r.id, []), cfg, 1, random.Random(0))]
+        missing = len(inputs.rows) - len(usable)
+        if missing and missing / len(inputs.rows) > cfg.max_missing_fraction:
+            raise UserFacingError(f"{missing} of {len(inputs.rows)} questions have no cached answer from teachers="
+                                  f"'{cfg.teachers}' (more than rl.max_missing_fraction={cfg.max_missing_fraction})")
+        rows = usable
+        skipped = missing
+    else:
+        rows, skipped = inputs.rows, 0
+    if not rows:
+        raise UserFacingError("no questions to train on")
+
     order: list[int] = []
-    saved = []
-    for step in range(1, cfg.steps + 1):
+    start, saved = 1, []
+    fp = fingerprint(cfg, seed)
+    if state_dir is not None and (meta := read_state(state_dir)) is not None and meta["fingerprint"] == fp:
+        restore_state(state_dir, meta, policy=policy, disc=disc, opt=opt, disc_opt=disc_opt, py_rng=rng)
+        order, start = meta["cursor"]["order"], meta["step"] + 1
+        saved = sorted(out_dir.glob("step-*"))
+    for step in range(start, cfg.steps + 1):
         t0 = time.perf_counter()
-        # 1. questions for this step (epoch-wise shuffle of the curated pool)
+        # 1. questions for this step (epoch-wise shuffle)
         if len(order) < cfg.questions_per_step:
             fresh = list(range(len(rows)))
             rng.shuffle(fresh)
@@ -52,27 +123,61 @@ def run_rl(policy, ref, processor: StudentProcessor, rows: list[Row], cfg: RLCon
         batch_rows = [rows[i] for i in idx]
         prompts = processor.encode_prompts([r.question for r in batch_rows], [r.image for r in batch_rows])
 
-        # 2. G samples per question from pi_old (= the current policy)
-        c = sample(policy, processor, prompts, sampling, num_return_sequences=G)
+        # 2. G student samples per question from pi_old (= the current policy); G teacher answers for RIL
+        student = sample(policy, processor, prompts, sampling, num_return_sequences=G)
+        teacher_texts = [_teacher_draw(inputs.teacher_answers.get(r.id, []), cfg, G, rng) if ril else []
+                         for r in batch_rows]
+        group, is_teacher, texts = build_group(student, prompts["input_ids"],
+                                               teacher_texts if with_teachers else [[] for _ in batch_rows], tok, G)
+        per_q = group.sequences.shape[0] // len(batch_rows)
 
-        # 3. rewards from the rule-based judge, group-relative advantages
-        rewards = torch.tensor([rule_judge(r.answer, c.texts[i * G + g], r.candidates)
-                                for i, r in enumerate(batch_rows) for g in range(G)]).view(-1, G)  # [B, G]
-        adv = group_advantages(rewards, scale_by_std=cfg.algorithm == "grpo").flatten()  # [B*G]
+        # 3. RIL: mu_d discriminator updates on student (1) vs teacher (0) answers, then score the group
+        metrics: dict[str, float] = {}
+        if ril:
+            d_texts = [t for b in range(len(batch_rows)) for t in student.texts[b * G:(b + 1) * G] + teacher_texts[b]]
+            d_batch = _disc_batch(processor, batch_rows, d_texts, 2 * G)
+            d_labels = torch.tensor(([1.0] * G + [0.0] * G) * len(batch_rows))
+            if cfg.discriminator == "updated":
+                for _ in range(cfg.disc_updates):
+                    d_loss = F.binary_cross_entropy_with_logits(disc(**d_batch), d_labels)
+                    disc_opt.zero_grad(set_to_none=True)
+                    d_loss.backward()
+                    disc_opt.step()
+            with torch.no_grad():
+                disc.eval()
+                d_all = torch.sigmoid(disc(**d_batch))  # [B * 2G]
+                d_group = d_all if with_teachers else d_all.view(len(batch_rows), 2 * G)[:, :G].reshape(-1)
+                disc.train()
+            sim = similarity_reward(d_group, cfg.similarity)
+            metrics.update({"disc_accuracy": float(((d_all >= 0.5).float() == d_labels).float().mean()),
+                            "disc_score_student": float(d_all[d_labels == 1].mean()),
+                            "disc_score_teacher": float(d_all[d_labels == 0].mean())})
+        else:
+            sim = torch.zeros(group.sequences.shape[0])
 
-        # 4. one policy update (mu = 1): pi_old equals pi_theta before this step, so its log-probs are
-        #    the detached current ones and the ratio starts at exactly 1
-        vision = repeat_vision(prompts, G)
+        # 4. rewards and group-relative advantages
+        owners = [batch_rows[i // per_q] for i in range(len(texts))]
+        if inputs.judge is None:
+            answer = torch.tensor([rule_judge(r.answer, t, r.candidates) for r, t in zip(owners, texts)])
+        else:
+            answer = torch.tensor(inputs.judge([r.question for r in owners], [r.answer for r in owners], texts))
+        rewards = (cfg.w_sim * sim + cfg.w_answer * answer) if ril else answer
+        adv = group_advantages(rewards.view(-1, per_q), scale_by_std=cfg.algorithm == "grpo").flatten()
+
+        # 5. one policy update (mu = 1): pi_old equals pi_theta before this step, so its log-probs (student
+        #    and teacher tokens alike) are the detached current ones and the ratio starts at exactly 1
+        vision = repeat_vision(prompts, per_q)
         with torch.no_grad():
-            logp_ref = completion_logprobs(ref, c, vision, processor.image_token_id, tok.pad_token_id)
-        logp, entropy = completion_logprobs(policy, c, vision, processor.image_token_id, tok.pad_token_id,
+            logp_ref = completion_logprobs(ref, group, vision, processor.image_token_id, tok.pad_token_id)
+        logp, entropy = completion_logprobs(policy, group, vision, processor.image_token_id, tok.pad_token_id,
                                             with_entropy=True)
-        mask = c.completion_mask.float()
+        mask = group.completion_mask.float()
         loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv, mask, clip_eps=cfg.clip_eps,
-                                  kl_beta=cfg.kl_beta, aggregation=cfg.algorithm, max_len=cfg.max_new_tokens)
+                                  kl_beta=cfg.kl_beta, aggregation="grpo" if cfg.algorithm == "grpo" else "dr_grpo",
+                                  max_len=L_max)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"RL loss is {loss.item()} at step {step}; last good checkpoint: "
-                                     f"{saved[-1] if saved else 'none (SFT model)'}")
+                                     f"{saved[-1] if saved else 'none (the SFT model)'}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -81,12 +186,27 @@ def run_rl(policy, ref, processor: StudentProcessor, rows: list[Row], cfg: RLCon
         if step % cfg.save_every == 0 or step == cfg.steps:
             saved.append(checkpoint_dir(out_dir, step))
             save_student(policy, processor, saved[-1])
+            if state_dir is not None:
+                save_state(state_dir, step=step, policy=policy, disc=disc,
+                           opt=opt, disc_opt=disc_opt, py_rng=rng, cursor={"order": order}, fingerprint=fp)
         if on_log:
             seconds = time.perf_counter() - t0
             n_tok = float(mask.sum())
-            on_log(step, {"reward": rewards.mean().item(), "loss": loss.item(), "kl": stats["kl"].item(),
-                          "clip_fraction": stats["clip_fraction"].item(),
-                          "entropy": float((entropy.detach() * mask).sum() / max(n_tok, 1.0)),
-                          "response_length": n_tok / mask.shape[0], "advantage_std": adv.std().item(),
-                          "samples_per_s": mask.shape[0] / seconds, "tokens_per_s": n_tok / seconds})
+            s_rows, t_rows = ~is_teacher, is_teacher
+            metrics.update({
+                "reward": rewards[s_rows].mean().item(), "answer_reward_student": answer[s_rows].mean().item(),
+                "loss": loss.item(), "kl": stats["kl"].item(), "clip_fraction": stats["clip_fraction"].item(),
+                "entropy": float((entropy.detach() * mask).sum() / max(n_tok, 1.0)),
+                "response_length": float(mask[s_rows].sum() / max(int(s_rows.sum()), 1)),
+                "advantage_mean": adv.mean().item(), "advantage_std": adv.std().item(),
+                "samples_per_s": mask.shape[0] / seconds, "tokens_per_s": n_tok / seconds,
+                "skipped_questions": float(skipped)})
+            if ril:
+                metrics["similarity_reward_student"] = sim[s_rows].mean().item()
+                if t_rows.any():
+                    metrics["similarity_reward_teacher"] = sim[t_rows].mean().item()
+                    metrics["answer_reward_teacher"] = answer[t_rows].mean().item()
+            on_log(step, metrics)
+        if stop_after is not None and step >= stop_after:
+            break
     return saved

@@ -20,6 +20,7 @@ class ServerBehaviour:
     fail_first: int = 0
     fail_after: int | None = None
     status_on_failure: int = 500
+    reply: object = None  # optional callable(prompt text) -> answer text (e.g. a judge's verdict)
     counts: dict = field(default_factory=lambda: {"requests": 0, "answered": 0, "failed": 0})
 
 
@@ -37,7 +38,7 @@ def make_app(b: ServerBehaviour):
         b.counts["answered"] += 1
         text = next(p["text"] for p in body["messages"][-1]["content"] if p.get("type") == "text")
         digest = hashlib.sha256(repr((text, body.get("temperature"))).encode()).hexdigest()[:6]
-        answer = f"Looking closely, my answer is {digest}."
+        answer = b.reply(text) if b.reply else f"Looking closely, my answer is {digest}."
         return web.json_response({
             "id": f"chatcmpl-{n}", "object": "chat.completion", "model": body.get("model", "loopback"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],

@@ -81,3 +81,16 @@ def test_pipeline_refuses_params_that_leave_dag_keys_to_defaults(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "dvc.yaml tracks" in proc.stderr and "model" in proc.stderr and "rl" in proc.stderr
+
+
+def test_rl_teacher_must_be_in_pool(tmp_path):
+    assert load_config(write(tmp_path, "rl: {algorithm: ril, teachers: verbose}\n")).rl.teachers == "verbose"
+    with pytest.raises(ConfigError, match="rl.teachers is 'gpt'"):
+        load_config(write(tmp_path, "rl: {teachers: gpt}\n"))
+
+
+def test_teacher_backend_needs_its_fields(tmp_path):
+    with pytest.raises(ConfigError, match="backend 'openai' needs 'base_url'"):
+        load_config(write(tmp_path, "teachers:\n  pool:\n    - {name: api, backend: openai, model: m}\n"))
+    with pytest.raises(ConfigError, match="unique names"):
+        load_config(write(tmp_path, "teachers:\n  pool: [{name: concise}, {name: concise}]\n"))

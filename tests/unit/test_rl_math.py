@@ -84,3 +84,15 @@ def test_dr_grpo_gradient_accumulation_equivalence():
         acc += torch.autograd.grad(loss_of(slice(i, i + 1)) / 4, w)[0]
     assert torch.allclose(full, acc, atol=1e-6, rtol=0)
     assert full.abs().sum() > 0
+
+
+def test_similarity_rewards():
+    from protege.rewards.similarity import similarity_reward
+
+    d = torch.tensor([0.1, 0.49, 0.5, 0.9])
+    assert similarity_reward(d, "binary").tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert torch.allclose(similarity_reward(d, "continuous"), torch.tensor([0.9, 0.51, 0.5, 0.1]))
+    assert similarity_reward(d, "levels:2").tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert similarity_reward(d, "levels:3").tolist() == [1.0, 0.5, 0.5, 0.0]  # 1 - D rounded to {0, .5, 1}
+    with pytest.raises(ValueError):
+        similarity_reward(d, "levels:1")

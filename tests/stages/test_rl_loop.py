@@ -1,0 +1,137 @@
+"""The RL loop on a tiny student: dr_grpo and ril steps, exact resume, missing teacher answers, NaN stop."""
+import copy
+
+import pytest
+import torch
+
+from protege.config import RLConfig
+from protege.data.rows import load_rows
+from protege.errors import UserFacingError
+from protege.models.discriminator import Discriminator
+from protege.rl.loop import RLInputs, run_rl
+
+BASE = dict(steps=3, questions_per_step=2, group_size=2, max_new_tokens=4, save_every=2, lr=1e-3)
+
+
+@pytest.fixture
+def rows(tiny_world):
+    return load_rows(tiny_world / "rl.parquet")[:6]
+
+
+def teacher_answers(rows, n=3):
+    return {r.id: [("concise", f"{r.answer}."), ("verbose", f"The answer is {r.answer}.")] * n for r in rows}
+
+
+def disc_from(student):
+    torch.manual_seed(1)
+    return Discriminator(copy.deepcopy(student.model))
+
+
+def test_dr_grpo_updates_only_trainable_groups(tiny_student, tiny_processor, tiny_world, rows, tmp_path):
+    from protege.config import SFTConfig
+    from protege.train.sft import train_sft
+
+    # a little SFT first, so that some sampled answers are right and the group rewards differ
+    train_sft(tiny_student, tiny_processor, load_rows(tiny_world / "train.parquet"),
+              SFTConfig(steps=30, batch_size=16, lr=3e-3), seed=0)
+    policy, ref = tiny_student, copy.deepcopy(tiny_student)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    logs = []
+    saved = run_rl(policy, ref, tiny_processor, RLInputs(rows), RLConfig(**{**BASE, "group_size": 4}), tmp_path,
+                   seed=0, on_log=lambda s, m: logs.append(m))
+    assert any(m["advantage_std"] > 0 for m in logs)
+    assert [p.name for p in saved] == ["step-00002", "step-00003"]
+    changed = {k for k, v in policy.state_dict().items() if not torch.equal(v, before[k])}
+    assert any("lm_head" in k for k in changed) and any("self_attn" in k for k in changed)
+    assert not any(".mlp." in k for k in changed)  # attention+embeddings+head by default
+    assert len(logs) == 3 and {"reward", "kl", "clip_fraction", "entropy", "tokens_per_s"} <= set(logs[0])
+
+
+def test_ril_step_trains_policy_and_discriminator(tiny_student, tiny_processor, rows, tmp_path):
+    disc = disc_from(tiny_student)
+    head = disc.head.weight.clone()
+    logs = []
+    cfg = RLConfig(**BASE, algorithm="ril")
+    run_rl(tiny_student, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows, teacher_answers(rows), disc),
+           cfg, tmp_path, seed=0, on_log=lambda s, m: logs.append(m))
+    assert not torch.equal(disc.head.weight, head)
+    m = logs[-1]
+    for key in ("similarity_reward_student", "similarity_reward_teacher", "answer_reward_teacher",
+                "disc_accuracy", "disc_score_student", "disc_score_teacher"):
+        assert key in m
+    assert m["answer_reward_teacher"] == 1.0  # the scripted answers here state the reference
+
+
+def test_fixed_discriminator_and_no_teachers_in_group(tiny_student, tiny_processor, rows, tmp_path):
+    disc = disc_from(tiny_student)
+    before = copy.deepcopy(disc.state_dict())
+    logs = []
+    cfg = RLConfig(**BASE, algorithm="ril", discriminator="fixed", teacher_in_group=False, similarity="levels:3")
+    run_rl(tiny_student, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows, teacher_answers(rows), disc),
+           cfg, tmp_path, seed=0, on_log=lambda s, m: logs.append(m))
+    assert all(torch.equal(v, before[k]) for k, v in disc.state_dict().items())
+    assert "similarity_reward_teacher" not in logs[-1]
+
+
+def final_weights(student, processor, rows, disc, tmp_path, stop_after=None, state=True):
+    cfg = RLConfig(**{**BASE, "steps": 4}, algorithm="ril")
+    run_rl(student, copy.deepcopy(student), processor, RLInputs(rows, teacher_answers(rows), disc), cfg, tmp_path,
+           seed=3, state_dir=tmp_path / "state" if state else None, stop_after=stop_after)
+    return {k: v.clone() for k, v in student.state_dict().items()}
+
+
+def test_resume_reaches_bitwise_the_same_weights(tiny_student, tiny_processor, rows, tmp_path):
+    reference = final_weights(copy.deepcopy(tiny_student), tiny_processor, rows, disc_from(tiny_student),
+                              tmp_path / "a", state=False)
+    # "killed" during step 3: the last state is step 2's; a fresh process re-runs from the SFT weights
+    final_weights(copy.deepcopy(tiny_student), tiny_processor, rows, disc_from(tiny_student), tmp_path / "b",
+                  stop_after=3)
+    resumed = final_weights(copy.deepcopy(tiny_student), tiny_processor, rows, disc_from(tiny_student),
+                            tmp_path / "b")
+    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
+    assert any(not torch.equal(reference[k], v) for k, v in tiny_student.state_dict().items())
+
+
+def test_questions_without_teacher_answers(tiny_student, tiny_processor, rows, tmp_path):
+    answers = teacher_answers(rows[:5])
+    logs = []
+    cfg = RLConfig(**{**BASE, "steps": 1}, algorithm="ril", max_missing_fraction=0.2)
+    run_rl(tiny_student, copy.deepcopy(tiny_student), tiny_processor,
+           RLInputs(rows, answers, disc_from(tiny_student)), cfg, tmp_path, seed=0, on_log=lambda s, m: logs.append(m))
+    assert logs[0]["skipped_questions"] == 1
+    with pytest.raises(UserFacingError, match="3 of 6 questions have no cached answer"):
+        run_rl(tiny_student, copy.deepcopy(tiny_student), tiny_processor,
+               RLInputs(rows, teacher_answers(rows[:3]), disc_from(tiny_student)), cfg, tmp_path, seed=0)
+
+
+def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_student, tiny_processor, rows, tmp_path):
+    ref = copy.deepcopy(tiny_student)
+    calls = {"n": 0}
+
+    def poison(module, args, output):
+        calls["n"] += 1
+        if calls["n"] >= 2:
+            output.logits.fill_(float("nan"))
+        return output
+
+    ref.register_forward_hook(poison)
+    cfg = RLConfig(**{**BASE, "save_every": 1})
+    with pytest.raises(FloatingPointError, match="at step 2; last good checkpoint: .*step-00001"):
+        run_rl(tiny_student, ref, tiny_processor, RLInputs(rows), cfg, tmp_path, seed=0)
+    assert (tmp_path / "step-00001" / "model.safetensors").exists() and not (tmp_path / "step-00002").exists()
+
+
+def test_llm_judge_plugs_into_the_loop(tiny_student, tiny_processor, rows, tmp_path):
+    seen = []
+
+    def judge(questions, references, responses):
+        seen.append(len(responses))
+        return [1.0 if i % 2 else 0.0 for i in range(len(responses))]
+
+    logs = []
+    cfg = RLConfig(**{**BASE, "steps": 1}, algorithm="ril")
+    run_rl(tiny_student, copy.deepcopy(tiny_student), tiny_processor,
+           RLInputs(rows, teacher_answers(rows), disc_from(tiny_student), judge), cfg, tmp_path, seed=0,
+           on_log=lambda s, m: logs.append(m))
+    assert seen == [8]  # 2 questions x (2 student + 2 teacher answers)
+    assert logs[0]["answer_reward_student"] == 0.5
