@@ -50,7 +50,9 @@ def sample(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], s
     model.eval()
     out = model.generate(**batch, **sampling.generate_kwargs(), num_return_sequences=num_return_sequences,
                          pad_token_id=processor.tokenizer.pad_token_id,
-                         eos_token_id=processor.tokenizer.eos_token_id)
+                         eos_token_id=processor.tokenizer.eos_token_id,
+                         # an image placeholder in an answer would break re-scoring the sequence
+                         suppress_tokens=processor.vision_token_ids)
     model.train(was_training)
     prompt_len = batch["input_ids"].shape[1]
     completion = out[:, prompt_len:]

@@ -13,7 +13,7 @@ from PIL import Image
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from protege.models.tokenizer import IMAGE_PAD
+from protege.models.tokenizer import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
 
 
 @dataclass
@@ -40,6 +40,11 @@ class StudentProcessor:
     @property
     def image_token_id(self) -> int:
         return self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+
+    @property
+    def vision_token_ids(self) -> list[int]:
+        """Tokens that only the processor may place (never generated)."""
+        return [self.tokenizer.convert_tokens_to_ids(t) for t in (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END)]
 
     def prompt(self, question: str, with_image: bool = True) -> str:
         content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": question}]

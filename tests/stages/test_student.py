@@ -69,3 +69,16 @@ def test_answer_logprobs_batched_and_bounded(tiny_student, tiny_processor, tiny_
     single = answer_logprobs(tiny_student, tiny_processor, rows, batch_size=1)
     assert len(batched) == 6 and all(lp < 0 for lp in batched)
     assert torch.allclose(torch.tensor(batched), torch.tensor(single), atol=1e-5)
+
+
+def test_generation_never_emits_vision_tokens(tiny_student, tiny_processor, tiny_world):
+    from protege.generation.transformers_backend import sample
+
+    # make the image placeholder the most likely next token everywhere
+    with torch.no_grad():
+        tiny_student.lm_head.weight[tiny_processor.image_token_id] += 50.0
+    rows = load_rows(tiny_world / "test.parquet")[:4]
+    batch = tiny_processor.encode_prompts([r.question for r in rows], [r.image for r in rows])
+    c = sample(tiny_student, tiny_processor, batch, Sampling(do_sample=True, max_new_tokens=6))
+    generated = c.sequences[:, c.prompt_len:]
+    assert not any(int(t) in tiny_processor.vision_token_ids for t in generated.flatten())
