@@ -158,6 +158,8 @@ class RLConfig(SamplingConfig):
     judge: Literal["rule", "llm"] = "rule"
     judge_model: TeacherSpec | None = None        # judge: llm -> a text backend (openai or vllm)
     max_missing_fraction: float = Field(0.1, ge=0, le=1)  # questions without teacher answers: skip, or fail above this
+    backend: Literal["torch", "deepspeed"] = "torch"     # deepspeed: ZeRO for the policy and discriminator updates
+    zero_stage: Literal[2, 3] = 2
 
 
     @model_validator(mode="after")

@@ -48,6 +48,7 @@ def save_state(folder: Path, *, step: int, policy, disc, opt, disc_opt, py_rng: 
     save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(tmp / "policy.safetensors"))
     if disc is not None:
         save_file({k: v.contiguous() for k, v in disc.state_dict().items()}, str(tmp / "discriminator.safetensors"))
+    if disc_opt is not None:  # absent when the discriminator is fixed
         optimizer_to_files(disc_opt, tmp, "disc_optimizer")
     optimizer_to_files(opt, tmp, "optimizer")
     save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
@@ -73,6 +74,7 @@ def restore_state(folder: Path, meta: dict, *, policy, disc, opt, disc_opt, py_r
     policy.load_state_dict(load_file(str(folder / "policy.safetensors")))
     if disc is not None and (folder / "discriminator.safetensors").exists():
         disc.load_state_dict(load_file(str(folder / "discriminator.safetensors")))
+    if disc_opt is not None and (folder / "disc_optimizer.json").exists():
         optimizer_from_files(disc_opt, folder, "disc_optimizer")
     optimizer_from_files(opt, folder, "optimizer")
     torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])

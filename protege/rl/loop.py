@@ -32,6 +32,7 @@ from protege.rl.group import build_group
 from protege.rl.logprobs import completion_logprobs, repeat_vision
 from protege.rl.losses import policy_loss
 from protege.rl.trainable import select_trainable
+from protege.rl.updaters import make_updater, world
 
 
 @dataclass
@@ -76,12 +77,21 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     rng = random.Random(seed)
     torch.manual_seed(seed)
     ril = cfg.algorithm == "ril"
+    rank, world_size = world()
+    if cfg.questions_per_step < world_size:
+        raise UserFacingError(f"rl.questions_per_step ({cfg.questions_per_step}) must be at least the number of "
+                              f"processes ({world_size})")
     params = select_trainable(policy, cfg.trainable)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)  # constant LR, as in RIL
+    updater = make_updater(cfg.backend, policy, params, cfg.lr, cfg.zero_stage)  # constant LR, as in RIL
+    opt = updater.optimizer
     disc = inputs.discriminator if ril else None
-    disc_opt = torch.optim.AdamW(disc.parameters(), lr=cfg.disc_lr) if disc is not None else None
     if ril and disc is None:
         raise UserFacingError("rl.algorithm 'ril' needs a pretrained discriminator (run disc_pretrain first)")
+    disc_updater = (make_updater(cfg.backend, disc, list(disc.parameters()), cfg.disc_lr, cfg.zero_stage)
+                    if disc is not None and cfg.discriminator == "updated" else None)
+    disc_opt = disc_updater.optimizer if disc_updater else None
+    if cfg.backend == "deepspeed" and state_dir is not None:
+        state_dir = None  # exact resume is implemented for the plain torch backend only
     ref.eval().requires_grad_(False)
     sampling = Sampling(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                         repetition_penalty=cfg.repetition_penalty, max_new_tokens=cfg.max_new_tokens)
@@ -121,12 +131,15 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             order += fresh
         idx, order = order[:cfg.questions_per_step], order[cfg.questions_per_step:]
         batch_rows = [rows[i] for i in idx]
+        # every rank draws for the whole step (same RNG use everywhere), then keeps its share of questions
+        teacher_texts = [_teacher_draw(inputs.teacher_answers.get(r.id, []), cfg, G, rng) if ril else []
+                         for r in batch_rows]
+        batch_rows, teacher_texts = batch_rows[rank::world_size], teacher_texts[rank::world_size]
         prompts = processor.encode_prompts([r.question for r in batch_rows], [r.image for r in batch_rows])
 
         # 2. G student samples per question from pi_old (= the current policy); G teacher answers for RIL
-        student = sample(policy, processor, prompts, sampling, num_return_sequences=G)
-        teacher_texts = [_teacher_draw(inputs.teacher_answers.get(r.id, []), cfg, G, rng) if ril else []
-                         for r in batch_rows]
+        with updater.gathered():
+            student = sample(policy, processor, prompts, sampling, num_return_sequences=G)
         group, is_teacher, texts = build_group(student, prompts["input_ids"],
                                                teacher_texts if with_teachers else [[] for _ in batch_rows], tok, G)
         per_q = group.sequences.shape[0] // len(batch_rows)
@@ -137,12 +150,9 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             d_texts = [t for b in range(len(batch_rows)) for t in student.texts[b * G:(b + 1) * G] + teacher_texts[b]]
             d_batch = _disc_batch(processor, batch_rows, d_texts, 2 * G)
             d_labels = torch.tensor(([1.0] * G + [0.0] * G) * len(batch_rows))
-            if cfg.discriminator == "updated":
+            if disc_updater is not None:
                 for _ in range(cfg.disc_updates):
-                    d_loss = F.binary_cross_entropy_with_logits(disc(**d_batch), d_labels)
-                    disc_opt.zero_grad(set_to_none=True)
-                    d_loss.backward()
-                    disc_opt.step()
+                    disc_updater.step(F.binary_cross_entropy_with_logits(disc(**d_batch), d_labels))
             with torch.no_grad():
                 disc.eval()
                 d_all = torch.sigmoid(disc(**d_batch))  # [B * 2G]
@@ -178,15 +188,14 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         if not torch.isfinite(loss):
             raise FloatingPointError(f"RL loss is {loss.item()} at step {step}; last good checkpoint: "
                                      f"{saved[-1] if saved else 'none (the SFT model)'}")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        updater.step(loss)
 
         if step % cfg.save_every == 0 or step == cfg.steps:
             saved.append(checkpoint_dir(out_dir, step))
-            save_student(policy, processor, saved[-1])
-            if state_dir is not None:
+            with updater.gathered():
+                if rank == 0:
+                    save_student(policy, processor, saved[-1])
+            if state_dir is not None and rank == 0:
                 save_state(state_dir, step=step, policy=policy, disc=disc,
                            opt=opt, disc_opt=disc_opt, py_rng=rng, cursor={"order": order}, fingerprint=fp)
         if on_log:

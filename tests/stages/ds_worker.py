@@ -1,0 +1,61 @@
+"""One rank of a DeepSpeed RL run on the tiny world (launched by test_deepspeed.py)."""
+import hashlib
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+from protege.config import ModelConfig, RLConfig, WorldConfig
+from protege.data.rows import load_rows
+from protege.models.discriminator import Discriminator
+from protege.models.processor import StudentProcessor
+from protege.models.student import build_student
+from protege.models.tokenizer import train_tokenizer
+from protege.rl.loop import RLInputs, run_rl
+from protege.world.generate import generate_world
+from protege.world.questions import make_item
+
+
+def main(out: str, algorithm: str, zero_stage: int) -> None:
+    out_dir = Path(out)
+    rank = int(__import__("os").environ.get("RANK", 0))
+    world_dir = out_dir / f"world-{rank}"
+    generate_world(WorldConfig(n_train=16, n_rl=8, n_test=4), world_dir)
+    rng = random.Random(0)
+    items = [make_item(rng, 64) for _ in range(100)]
+    processor = StudentProcessor.create(train_tokenizer([i.question for i in items] + [i.answer for i in items], 400),
+                                        64, 8, 2)
+    student = build_student(ModelConfig(), processor, seed=0)
+    ref = build_student(ModelConfig(), processor, seed=0)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    rows = load_rows(world_dir / "rl.parquet")
+    answers = {r.id: [("concise", f"{r.answer}."), ("verbose", f"The answer is {r.answer}.")] for r in rows}
+    torch.manual_seed(1)
+    disc = Discriminator(build_student(ModelConfig(), processor, seed=0).model) if algorithm == "ril" else None
+    cfg = RLConfig(algorithm=algorithm, steps=2, questions_per_step=2, group_size=2, max_new_tokens=4, lr=1e-3,
+                   save_every=2, backend="deepspeed", zero_stage=zero_stage)
+    logs = []
+    run_rl(student, ref, processor, RLInputs(rows, answers, disc), cfg, out_dir / "ckpt", seed=0,
+           on_log=lambda s, m: logs.append(m))
+    with torch.no_grad():
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(student.parameters())) if zero_stage == 3 else _null():
+            state = {k: v.clone() for k, v in student.state_dict().items()}
+    digest = hashlib.sha256(b"".join(state[k].numpy().tobytes() for k in sorted(state))).hexdigest()
+    changed = sorted(k for k in state if state[k].shape == before[k].shape and not torch.equal(state[k], before[k]))
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({"digest": digest, "changed": len(changed), "steps": len(logs)}))
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
