@@ -14,18 +14,27 @@ from protege.stages.common import say, step_logger, write_stage_metrics
 from protege.train.disc_pretrain import Example, pretrain_discriminator
 
 
+def balanced_teacher_answers(teacher: pd.DataFrame, student: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """As many teacher answers per question as student answers (RIL: N and N), drawn across teachers."""
+    want = student.groupby("question_id").size()
+    teacher = teacher[teacher["question_id"].isin(want.index)]
+    picked = [g.sample(n=min(len(g), int(want[qid])), random_state=seed) for qid, g in teacher.groupby("question_id")]
+    return pd.concat(picked, ignore_index=True) if picked else teacher.iloc[:0]
+
+
 def run(cfg: Config, root: Path, run) -> None:
     run.log_params(cfg.disc_pretrain.model_dump(), "disc_pretrain.")
     for rel, ctx in ((ROLLOUTS, "student_answers"), (TEACHER_ANSWERS, "teacher_answers"), (SFT_MODEL, "init")):
         run.log_input(rel, context=ctx)
     rows = {r.id: r for r in load_rows(root / CURATED_RL)}
     student = pd.read_parquet(root / ROLLOUTS)
-    teacher = pd.read_parquet(root / TEACHER_ANSWERS)
+    student = student[student["question_id"].isin(rows)]
+    teacher = balanced_teacher_answers(pd.read_parquet(root / TEACHER_ANSWERS), student, cfg.seed)
     examples = [Example(qid, rows[qid].question, rows[qid].image, ans, label)
                 for frame, label in ((student, 1.0), (teacher, 0.0))
-                for qid, ans in zip(frame["question_id"], frame["answer"]) if qid in rows]
-    say("disc_pretrain", f"{int((student['question_id'].isin(rows)).sum())} student + "
-                         f"{int((teacher['question_id'].isin(rows)).sum())} teacher answers")
+                for qid, ans in zip(frame["question_id"], frame["answer"])]
+    say("disc_pretrain", f"{len(student)} student + {len(teacher)} teacher answers "
+                         f"({teacher['teacher'].value_counts().to_dict()})")
     disc = Discriminator.from_student(root / SFT_MODEL)
     processor = StudentProcessor.from_pretrained(root / SFT_MODEL)
     result = pretrain_discriminator(disc, processor, examples, cfg.disc_pretrain, cfg.seed,

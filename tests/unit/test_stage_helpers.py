@@ -1,0 +1,24 @@
+from protege.stages.promote import decide
+
+
+def test_first_model_becomes_champion():
+    assert decide(0.3, None, margin=0.0)
+
+
+def test_champion_moves_only_past_the_margin():
+    assert decide(0.71, 0.70, margin=0.0)
+    assert not decide(0.70, 0.70, margin=0.0)  # a tie keeps the champion
+    assert not decide(0.705, 0.70, margin=0.01)
+    assert decide(0.72, 0.70, margin=0.01)
+
+
+def test_discriminator_pretraining_draws_n_teacher_answers_per_question():
+    import pandas as pd
+
+    from protege.stages.disc_pretrain import balanced_teacher_answers
+
+    student = pd.DataFrame({"question_id": ["a"] * 2 + ["b"] * 3, "answer": ["x"] * 5})
+    teacher = pd.DataFrame({"question_id": ["a"] * 8 + ["b"] * 2 + ["c"] * 4,
+                            "teacher": ["t1", "t2"] * 7, "answer": [f"y{i}" for i in range(14)]})
+    out = balanced_teacher_answers(teacher, student, seed=0)
+    assert out.groupby("question_id").size().to_dict() == {"a": 2, "b": 2}  # b has only 2 teacher answers
