@@ -5,6 +5,7 @@ The Prefect flow calls this for each stage; so can anything else that orchestrat
 from __future__ import annotations
 
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,15 @@ def repro_stage(project_dir: str | Path, stage: str, parent_run_id: str | None =
     if proc.returncode != 0:
         raise StageFailed(stage, proc.returncode, list(tail))
     return stage_outs(project_dir, stage)
+
+
+def headline_metrics(project_dir: str | Path) -> dict[str, float]:
+    """The evaluation's accuracies, for the pipeline's parent run (empty before `evaluate` has run)."""
+    path = Path(project_dir) / "reports" / "eval.json"
+    if not path.exists():
+        return {}
+    report = json.loads(path.read_text())
+    return {f"{name}.accuracy": m["accuracy"] for name, m in report.get("models", {}).items()}
 
 
 def missing_dag_params(project_dir: str | Path, params_file: str = "params.yaml") -> list[str]:

@@ -132,7 +132,7 @@ def start_parent_run(project_dir: Path, name: str, tags: dict[str, str] | None =
 
 
 def end_parent_run(project_dir: Path, run_id: str, status: str, metrics: dict[str, float] | None = None) -> None:
-    mlflow = _mlflow(project_dir)
+    _mlflow(project_dir)
     from mlflow import MlflowClient
 
     client = MlflowClient()

@@ -1,7 +1,7 @@
 """One task per pipeline stage run: DVC decides whether the stage has work to do."""
 from prefect import task
 
-from protege.pipeline import repro_stage
+from protege.pipeline import headline_metrics, repro_stage
 from protege.tracking import end_parent_run, start_parent_run
 
 IO_STAGES = {"world", "teachers", "promote"}  # they touch files or services that can fail transiently
@@ -23,4 +23,4 @@ def open_parent_run(project_dir: str, name: str) -> str:
 
 @task(name="close-mlflow-run")
 def close_parent_run(project_dir: str, run_id: str, status: str) -> None:
-    end_parent_run(project_dir, run_id, status)
+    end_parent_run(project_dir, run_id, status, headline_metrics(project_dir))

@@ -91,6 +91,7 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("protege.pipeline") == "true"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert "merged.accuracy" in parents[0].data.metrics
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
     assert set(children) == {"world", "validate", "curate", "teachers", "sft", "rollouts", "disc_pretrain", "rl",
                              "merge", "evaluate", "promote"}

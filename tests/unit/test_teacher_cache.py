@@ -1,5 +1,4 @@
 """The teacher cache: content keys, resumable shards, corrupt-shard recovery, HTTP retries."""
-import pandas as pd
 import pytest
 
 from protege.teachers.backends import SamplingParams, ScriptedTeacher, TeacherRequest
