@@ -175,7 +175,8 @@ def materialise(frame: pd.DataFrame, image_root: Path, out_dir: Path) -> tuple[p
     key = df["image_sha256"] + "\x00" + df["question"].fillna("").astype(str)
     dup = key.duplicated() & df["parsed"] & (df["image_sha256"] != "")
     df = df[~dup].reset_index(drop=True)
-    checks = [image_checks(out_dir / "x.parquet", rel) if rel else (False, True) for rel in df["image"]]
+    table = out_dir / "table.parquet"  # image paths are relative to the table's folder, i.e. out_dir
+    checks = [image_checks(table, rel) if rel else (False, True) for rel in df["image"]]
     df["image_readable"] = [c[0] for c in checks]
     df["image_size_ok"] = [c[1] for c in checks]
     df["answer_in_options"] = [answer_in_options(a, o) for a, o in zip(df["answer"], df.get("options", ""))]

@@ -24,13 +24,15 @@ from protege.teachers.cache import TeacherCache, TeacherCacheIncomplete, cache_k
 from protege.teachers.factory import build_teacher
 
 
-def requests_for(questions: pd.DataFrame, table: Path, backend, processor: StudentProcessor, n: int) -> list[TeacherRequest]:
+def requests_for(questions: pd.DataFrame, table: Path, image_hashes: dict[str, str], backend,
+                 processor: StudentProcessor, n: int) -> list[TeacherRequest]:
     out = []
     for rec in questions.to_dict("records"):
         img = image_path(table, rec["image"])
         prompt = processor.prompt(rec["question"])
         for k in range(n):
-            key = cache_key(backend.name, backend.revision, prompt, file_sha256(img), backend.sampling.as_dict(), k)
+            key = cache_key(backend.name, backend.revision, prompt, image_hashes[rec["image"]],
+                            backend.sampling.as_dict(), k)
             out.append(TeacherRequest(key, rec["id"], rec["question"], str(img), rec.get("kind", ""), rec["answer"],
                                       tuple(json.loads(rec.get("candidates") or "[]")), k))
     return out
@@ -43,10 +45,12 @@ def run(cfg: Config, root: Path, run) -> None:
     questions = read_table(root / CURATED_RL)
     processor = StudentProcessor.from_pretrained(root / BASE_MODEL)
     cache = TeacherCache(root / TEACHER_CACHE)
+    image_hashes = {rel: file_sha256(image_path(root / CURATED_RL, rel)) for rel in set(questions["image"])}
     metrics, views, incomplete = {}, [], []
     for spec in cfg.teachers.pool:
         backend = build_teacher(spec, root, cfg.teachers.error_rate, cfg.seed)
-        requests = requests_for(questions, root / CURATED_RL, backend, processor, cfg.teachers.answers_per_question)
+        requests = requests_for(questions, root / CURATED_RL, image_hashes, backend, processor,
+                                cfg.teachers.answers_per_question)
         say("teachers", f"{spec.name} ({spec.backend}): {len(requests)} answers wanted")
         try:
             stats = cache.fill(backend, requests)

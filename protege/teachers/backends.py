@@ -72,9 +72,10 @@ class ScriptedTeacher:
     seed: int
     revision: str = "scripted-v1"
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    style: str = ""  # "concise" | "verbose"; defaults to the name (two teachers may share a style)
 
     def __post_init__(self) -> None:
-        self.style = self.name  # the cache name may differ from the style (two scripted teachers alike)
+        self.style = self.style or self.name
 
     def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
         for r in requests:

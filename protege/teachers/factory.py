@@ -10,9 +10,7 @@ from protege.teachers.backends import SamplingParams, ScriptedTeacher, TeacherBa
 def build_teacher(spec: TeacherSpec, root: Path, error_rate: float, seed: int) -> TeacherBackend:
     sampling = SamplingParams(spec.temperature, spec.top_p, spec.max_tokens)
     if spec.backend == "scripted":
-        t = ScriptedTeacher(spec.style or spec.name, error_rate, seed, sampling=sampling)
-        t.name = spec.name
-        return t
+        return ScriptedTeacher(spec.name, error_rate, seed, sampling=sampling, style=spec.style or spec.name)
     path = Path(spec.model)
     path = path if path.is_absolute() or spec.backend == "openai" else root / path
     if spec.backend == "transformers":
