@@ -46,38 +46,58 @@ class StudentProcessor:
         """Tokens that only the processor may place (never generated)."""
         return [self.tokenizer.convert_tokens_to_ids(t) for t in (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END)]
 
-    def prompt(self, question: str, with_image: bool = True) -> str:
-        content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": question}]
+    def prompt(self, question: str, n_images: int = 1) -> str:
+        content = [{"type": "image"}] * n_images + [{"type": "text", "text": question}]
         return self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                   add_generation_prompt=True)
 
-    def _images(self, images: list[Image.Image]) -> dict[str, torch.Tensor]:
-        out = self.image_processor(images=[im.convert("RGB") for im in images], return_tensors="pt")
+    def _images(self, per_prompt: list[list[Image.Image]]) -> dict[str, torch.Tensor]:
+        flat = [im.convert("RGB") for ims in per_prompt for im in ims]
+        if not flat:  # text-only batch: the model runs as a plain language model
+            return {}
+        out = self.image_processor(images=flat, return_tensors="pt")
         return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
 
-    def _expand(self, text: str, grid_thw: torch.Tensor) -> str:
-        n = int(grid_thw.prod()) // (self.image_processor.merge_size ** 2)
-        return text.replace(IMAGE_PAD, IMAGE_PAD * n, 1)
+    def _expanded_prompts(self, questions: list[str], per_prompt: list[list[Image.Image]],
+                          vis: dict[str, torch.Tensor]) -> list[str]:
+        """Chat prompts with each image placeholder repeated once per merged patch of its image."""
+        grids = iter(vis.get("image_grid_thw", []))
+        merge = self.image_processor.merge_size ** 2
+        texts = []
+        for q, ims in zip(questions, per_prompt):
+            text = self.prompt(q, len(ims))
+            head, parts = "", text.split(IMAGE_PAD)
+            for part in parts[:-1]:  # one placeholder per image, in order
+                head += part + IMAGE_PAD * (int(next(grids).prod()) // merge)
+            texts.append(head + parts[-1])
+        return texts
 
-    def encode_prompts(self, questions: list[str], images: list[Image.Image]) -> dict[str, torch.Tensor]:
-        """Left-padded prompts for generation."""
-        vis = self._images(images)
-        texts = [self._expand(self.prompt(q), g) for q, g in zip(questions, vis["image_grid_thw"])]
+    @staticmethod
+    def _as_lists(images: list) -> list[list[Image.Image]]:
+        """Each prompt's images: a single image, a list of images, or None / [] for none."""
+        return [[] if im is None else list(im) if isinstance(im, (list, tuple)) else [im] for im in images]
+
+    def encode_prompts(self, questions: list[str], images: list) -> dict[str, torch.Tensor]:
+        """Left-padded prompts for generation; `images[i]` is one image, a list of images, or None."""
+        per_prompt = self._as_lists(images)
+        vis = self._images(per_prompt)
+        texts = self._expanded_prompts(questions, per_prompt, vis)
         enc = self.tokenizer(texts, padding=True, return_tensors="pt", padding_side="left",
                              add_special_tokens=False)
         return self._finish(enc, vis)
 
-    def encode_pairs(self, questions: list[str], images: list[Image.Image], answers: list[str],
+    def encode_pairs(self, questions: list[str], images: list, answers: list[str],
                      padding_side: str = "right") -> dict[str, torch.Tensor]:
         """Prompt + answer + end-of-turn, with `answer_mask` marking the answer tokens (loss targets)."""
-        vis = self._images(images)
+        per_prompt = self._as_lists(images)
+        vis = self._images(per_prompt)
         eos = self.tokenizer.eos_token
         ids, masks = [], []
-        for q, a, g in zip(questions, answers, vis["image_grid_thw"]):
-            p = self.tokenizer(self._expand(self.prompt(q), g), add_special_tokens=False)["input_ids"]
-            full = self.tokenizer(self._expand(self.prompt(q), g) + a + eos, add_special_tokens=False)["input_ids"]
+        for prompt, a in zip(self._expanded_prompts(questions, per_prompt, vis), answers):
+            p = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            full = self.tokenizer(prompt + a + eos, add_special_tokens=False)["input_ids"]
             if full[: len(p)] != p:
-                raise ValueError(f"tokenizer does not keep the prompt a prefix of prompt+answer for {q!r}")
+                raise ValueError(f"tokenizer does not keep the prompt a prefix of prompt+answer for {prompt!r}")
             ids.append(full)
             masks.append([0] * len(p) + [1] * (len(full) - len(p)))
         width = max(map(len, ids))
@@ -97,12 +117,13 @@ class StudentProcessor:
 
     def _finish(self, enc, vis) -> dict[str, torch.Tensor]:
         input_ids = enc["input_ids"]
-        # transformers 5 requires mm_token_type_ids whenever image_grid_thw is passed
-        return {"input_ids": input_ids, "attention_mask": enc["attention_mask"],
-                "mm_token_type_ids": (input_ids == self.image_token_id).long(), **vis}
+        out = {"input_ids": input_ids, "attention_mask": enc["attention_mask"]}
+        if vis:  # transformers 5 requires mm_token_type_ids whenever image_grid_thw is passed
+            out.update(mm_token_type_ids=(input_ids == self.image_token_id).long(), **vis)
+        return out
 
-    def token_length(self, question: str, answer: str, image: Image.Image) -> int:
+    def token_length(self, question: str, answer: str, image) -> int:
         """Tokens the model sees for prompt + answer, image tokens included."""
-        vis = self._images([image])
-        text = self._expand(self.prompt(question), vis["image_grid_thw"][0]) + answer + self.tokenizer.eos_token
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        per_prompt = self._as_lists([image])
+        text = self._expanded_prompts([question], per_prompt, self._images(per_prompt))[0]
+        return len(self.tokenizer(text + answer + self.tokenizer.eos_token, add_special_tokens=False)["input_ids"])

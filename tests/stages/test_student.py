@@ -82,3 +82,21 @@ def test_generation_never_emits_vision_tokens(tiny_student, tiny_processor, tiny
     c = sample(tiny_student, tiny_processor, batch, Sampling(do_sample=True, max_new_tokens=6))
     generated = c.sequences[:, c.prompt_len:]
     assert not any(int(t) in tiny_processor.vision_token_ids for t in generated.flatten())
+
+
+def test_prompts_with_several_images_or_none(tiny_student, tiny_processor, tiny_world):
+    """BLINK/MMMU questions carry several images, some MMMU questions none; one batch mixes them."""
+    from protege.generation.transformers_backend import sample
+
+    rows = load_rows(tiny_world / "test.parquet")[:3]
+    images = [[rows[0].image, rows[1].image], rows[2].image, None]
+    batch = tiny_processor.encode_prompts(["Which image has more shapes?", "What colour?", "What is 2+2?"], images)
+    per_image = int(batch["image_grid_thw"][0].prod()) // 4
+    n_pad = (batch["input_ids"] == tiny_processor.image_token_id).sum(dim=1).tolist()
+    assert batch["image_grid_thw"].shape[0] == 3 and n_pad == [2 * per_image, per_image, 0]
+    c = sample(tiny_student, tiny_processor, batch, Sampling(max_new_tokens=4))
+    assert len(c.texts) == 3
+
+    text_only = tiny_processor.encode_prompts(["What is 2+2?"], [None])
+    assert "pixel_values" not in text_only
+    assert len(sample(tiny_student, tiny_processor, text_only, Sampling(max_new_tokens=4)).texts) == 1
