@@ -1,9 +1,16 @@
-"""Seconds per RL step, samples/s and tokens/s of the RL loop, for `dr_grpo` and `ril`.
+"""Seconds per RL step, samples/s and tokens/s of the RL loop, for `dr_grpo` and `ril`, and against TRL.
 
 Fixed work: the tiny Qwen2-VL student (params.yaml `model` sizes) freshly initialised from seed 0,
 8 questions x G=4 samples (+4 teacher answers for ril), 16 new tokens at most, on the CPU.
 
-    .venv/bin/python benchmarks/rl_step.py [--steps 5]
+TRL comparison (needs the `bench` extra: pip install -e '.[bench]'): the same 8 text-only prompts x G=4,
+16 new tokens, same sampling, rule-judge reward, Dr.GRPO loss with unscaled rewards, beta 0.04, one
+policy update per step, same trainable parameters. Ours runs the student text-only (no pixel_values:
+the Qwen2-VL model is then a plain LM); TRL gets a Qwen2ForCausalLM with the same sizes and the same
+text weights (with one position per token, Qwen2-VL's 3-D rope equals plain rope), and our tokenizer,
+saved to a temporary folder. Nothing is downloaded.
+
+    .venv/bin/python benchmarks/rl_step.py [--steps 5] [--threads 2]
 """
 from __future__ import annotations
 
@@ -12,26 +19,123 @@ import copy
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 from protege.config import ModelConfig, RLConfig, WorldConfig
-from protege.data.rows import load_rows
+from protege.data.rows import Row, load_rows
 from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
 from protege.models.student import build_student
 from protege.models.tokenizer import train_tokenizer
+from protege.rewards.judge import rule_judge
 from protege.rl.loop import RLInputs, run_rl
+from protege.rl.trainable import select_trainable
 from protege.world.generate import generate_world
 from protege.world.teachers import all_templates, scripted_answer
+
+QUESTIONS, G, NEW_TOKENS = 8, 4, 16
+
+
+def summarise(name: str, seconds: list[float], samples: int, tokens: list[float]) -> dict:
+    r = {"seconds_per_step": statistics.median(seconds), "samples_per_s": statistics.median(samples / s for s in seconds),
+         "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, seconds))}
+    print(f"{name:14s} {r['seconds_per_step']:.3f} s/step  {r['samples_per_s']:.1f} samples/s  "
+          f"{r['tokens_per_s']:.1f} tokens/s  (median of {len(seconds)} steps, {samples} sequences/step)")
+    return r
+
+
+def ours(name, student, processor, rows, answers, algorithm, steps, out: Path) -> dict:
+    # one step more than run, so that the last timed step does not include writing the final checkpoint
+    cfg = RLConfig(algorithm=algorithm, steps=steps + 2, questions_per_step=QUESTIONS, group_size=G,
+                   max_new_tokens=NEW_TOKENS, save_every=10_000, device="cpu")
+    logs: list[dict] = []
+    disc = Discriminator(copy.deepcopy(student.model)) if algorithm == "ril" else None
+    run_rl(copy.deepcopy(student), copy.deepcopy(student), processor, RLInputs(rows, answers, disc), cfg, out,
+           seed=0, on_log=lambda s, m: logs.append(m), stop_after=steps + 1)
+    timed = logs[1:]  # the first step pays one-off costs
+    samples = QUESTIONS * G * (2 if algorithm == "ril" else 1)
+    seconds = [samples / m["samples_per_s"] for m in timed]
+    return summarise(name, seconds, samples, [m["tokens_per_s"] * s for m, s in zip(timed, seconds)])
+
+
+def text_lm(student, processor: StudentProcessor, folder: Path) -> Path:
+    """Our student's language half as a transformers Qwen2ForCausalLM, saved with our tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    t = student.config.text_config
+    cfg = Qwen2Config(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                      num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads,
+                      num_key_value_heads=t.num_key_value_heads, max_position_embeddings=t.max_position_embeddings,
+                      rms_norm_eps=t.rms_norm_eps, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=t.eos_token_id,
+                      pad_token_id=t.pad_token_id)
+    lm = Qwen2ForCausalLM(cfg)
+    weights = {f"model.{k}": v for k, v in student.model.language_model.state_dict().items()}
+    weights["lm_head.weight"] = student.lm_head.weight
+    missing, unexpected = lm.load_state_dict(weights, strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    lm.generation_config.eos_token_id, lm.generation_config.pad_token_id = t.eos_token_id, t.pad_token_id
+    lm.generation_config.bos_token_id = None
+    lm.save_pretrained(str(folder))
+    processor.tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def trl_run(student, processor, rows: list[Row], steps: int, tmp: Path) -> dict:
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    base = RLConfig()  # same sampling / loss hyper-parameters as ours
+    folder = text_lm(student, processor, tmp / "trl-model")
+    model = AutoModelForCausalLM.from_pretrained(str(folder))
+    select_trainable(model, base.trainable)  # the Trainer's optimizer then takes the same parameters as ours
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    # plain-text prompts, already in our chat format: both sides tokenise exactly the same string
+    ds = Dataset.from_list([{"prompt": processor.prompt(r.question, 0), "answer": r.answer,
+                             "candidates": r.candidates} for r in rows])
+
+    def rule_reward(prompts, completions, answer, candidates, **_):
+        return [rule_judge(a, c.strip(), cands) for a, c, cands in zip(answer, completions, candidates)]
+
+    args = trl.GRPOConfig(
+        output_dir=str(tmp / "trl-out"), max_steps=steps + 1, learning_rate=base.lr, lr_scheduler_type="constant",
+        weight_decay=0.0, max_grad_norm=1.0, per_device_train_batch_size=QUESTIONS * G,
+        gradient_accumulation_steps=1, steps_per_generation=1, num_generations=G, num_iterations=1,
+        max_completion_length=NEW_TOKENS, temperature=base.temperature, top_p=base.top_p, top_k=base.top_k,
+        repetition_penalty=base.repetition_penalty, beta=base.kl_beta, epsilon=base.clip_eps,
+        loss_type="dr_grpo", scale_rewards="none", use_cpu=True, report_to="none", save_strategy="no",
+        logging_steps=1, seed=0, bf16=False, fp16=False, dataloader_num_workers=0, disable_tqdm=True)
+    seconds: list[float] = []
+    lengths: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            seconds.append(time.perf_counter() - self.t0)
+
+        def on_log(self, a, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(logs["completions/mean_length"])
+
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=rule_reward, args=args, train_dataset=ds,
+                              processing_class=tok, callbacks=[Clock()])
+    trainer.train()
+    samples = QUESTIONS * G
+    return summarise(f"trl {trl.__version__}", seconds[1:], samples, [n * samples for n in lengths[1:]])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per algorithm (after one warm-up step)")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per run (after one warm-up step)")
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         frames = generate_world(WorldConfig(n_train=200, n_rl=64, n_test=8), Path(tmp))
         texts = list(frames["train"]["question"]) + list(frames["train"]["answer"]) + all_templates() * 20
@@ -43,22 +147,23 @@ def main() -> None:
         print(f"threads {torch.get_num_threads()}; student {sum(p.numel() for p in student.parameters()):,} params")
         results = {}
         for algorithm in ("dr_grpo", "ril"):
-            cfg = RLConfig(algorithm=algorithm, steps=args.steps + 1, questions_per_step=8, group_size=4,
-                           max_new_tokens=16, save_every=10_000)
-            logs: list[dict] = []
-            policy = copy.deepcopy(student)
-            disc = Discriminator(copy.deepcopy(student.model)) if algorithm == "ril" else None
-            run_rl(policy, copy.deepcopy(student), processor, RLInputs(rows, answers, disc), cfg,
-                   Path(tmp) / algorithm, seed=0, on_log=lambda s, m: logs.append(m))
-            timed = logs[1:]  # the first step pays one-off costs
-            sps = [m["samples_per_s"] for m in timed]
-            tps = [m["tokens_per_s"] for m in timed]
-            samples = 8 * 4 * (2 if algorithm == "ril" else 1)
-            results[algorithm] = {"seconds_per_step": statistics.median(samples / s for s in sps),
-                                  "samples_per_s": statistics.median(sps), "tokens_per_s": statistics.median(tps)}
-            r = results[algorithm]
-            print(f"{algorithm:8s} {r['seconds_per_step']:.3f} s/step  {r['samples_per_s']:.1f} samples/s  "
-                  f"{r['tokens_per_s']:.1f} tokens/s  (median of {len(timed)} steps, {samples} sequences/step)")
+            results[algorithm] = ours(algorithm, student, processor, rows, answers, algorithm, args.steps,
+                                      Path(tmp) / algorithm)
+        # the comparison: text-only prompts (the first QUESTIONS rows, one step's worth, repeated each step)
+        text_rows = [Row(r.id, r.kind, r.question, r.answer, r.candidates, None) for r in rows[:QUESTIONS]]
+        results["dr_grpo_text"] = ours("dr_grpo text", student, processor, text_rows, {}, "dr_grpo", args.steps,
+                                       Path(tmp) / "text")
+        try:
+            import trl  # noqa: F401
+        except ImportError as exc:
+            print(f"TRL comparison skipped: {exc} (install the bench extra: pip install -e '.[bench]')")
+        else:
+            results["trl_dr_grpo_text"] = r = trl_run(student, processor, text_rows, args.steps, Path(tmp))
+            mine = results["dr_grpo_text"]
+            results["ours_over_trl"] = ratio = {k: (r[k] / mine[k] if k == "seconds_per_step" else mine[k] / r[k])
+                                                for k in mine}
+            print(f"ours / TRL: {ratio['seconds_per_step']:.2f}x speed by s/step, {ratio['samples_per_s']:.2f}x "
+                  f"samples/s, {ratio['tokens_per_s']:.2f}x tokens/s (>1: ours faster)")
         print(json.dumps(results))
 
 

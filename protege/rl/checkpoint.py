@@ -1,8 +1,13 @@
 """Training state for exact resume, without pickle: tensors in safetensors, the rest in JSON.
 
-A state folder holds the policy's tensors, the discriminator, both optimizers'
-tensors and hyper-parameters, the torch / python RNG states, the data cursor and the step. It is written
-to a temporary folder and renamed into place, so a kill leaves the previous state intact.
+A state folder holds the policy's tensors, the discriminator, both optimizers' tensors and
+hyper-parameters, the torch / python RNG states, the data cursor and the step. It is written to a
+temporary folder and renamed into place, so a kill leaves the previous state intact.
+
+Under DeepSpeed every rank takes part: rank 0 writes the full weights and the JSON, each rank writes its
+own ZeRO partition of the optimizer state and its own torch RNG state (ranks sample different questions,
+so their generators drift apart). DeepSpeed's own save_checkpoint is not used because its loader calls
+torch.load(weights_only=False), i.e. unpickles; this format never does.
 """
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+CPU = torch.device("cpu")
+
 
 def optimizer_to_files(opt: torch.optim.Optimizer, folder: Path, name: str) -> None:
     sd = opt.state_dict()
@@ -22,7 +29,7 @@ def optimizer_to_files(opt: torch.optim.Optimizer, folder: Path, name: str) -> N
     for pid, state in sd["state"].items():
         for k, v in state.items():
             if torch.is_tensor(v):
-                tensors[f"{pid}.{k}"] = v.contiguous()
+                tensors[f"{pid}.{k}"] = v.detach().cpu().contiguous()
             else:
                 scalars[f"{pid}.{k}"] = v
     save_file(tensors, str(folder / f"{name}.safetensors"))
@@ -36,32 +43,56 @@ def optimizer_from_files(opt: torch.optim.Optimizer, folder: Path, name: str) ->
     for key, v in list(tensors.items()) + list(meta["scalars"].items()):
         pid, k = key.split(".", 1)
         state.setdefault(int(pid), {})[k] = v
+    # load_state_dict moves each moment onto its parameter's device
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
-def save_state(folder: Path, *, step: int, policy, disc, opt, disc_opt, py_rng: random.Random,
-               cursor: dict, fingerprint: str) -> None:
+def _rng_tensors(device: torch.device) -> dict[str, torch.Tensor]:
+    out = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":  # sampling on the GPU draws from the CUDA generator
+        out["cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def save_state(folder: Path, *, step: int, policy, disc, updater, disc_updater, py_rng: random.Random,
+               cursor: dict, fingerprint: str, device: torch.device = CPU,
+               rank: int = 0, world_size: int = 1, barrier=lambda: None) -> None:
+    """Collective under DeepSpeed: every rank calls it. `updater` / `disc_updater` come from updaters.py."""
     tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(tmp / "policy.safetensors"))
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    barrier()
+    policy_sd = updater.full_state_dict()
+    disc_sd = None
     if disc is not None:
-        save_file({k: v.contiguous() for k, v in disc.state_dict().items()}, str(tmp / "discriminator.safetensors"))
-    if disc_opt is not None:  # absent when the discriminator is fixed
-        optimizer_to_files(disc_opt, tmp, "disc_optimizer")
-    optimizer_to_files(opt, tmp, "optimizer")
-    save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-    version, internal, gauss = py_rng.getstate()
-    (tmp / "state.json").write_text(json.dumps({"step": step, "cursor": cursor, "fingerprint": fingerprint,
-                                                "python_rng": [version, list(internal), gauss]}))
-    if folder.exists():  # swap: the old state is removed only after the new one is complete
-        old = folder.with_name(folder.name + ".old")
-        os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, folder)
+        disc_sd = (disc_updater.full_state_dict() if disc_updater is not None
+                   else {k: v.detach().cpu().contiguous() for k, v in disc.state_dict().items()})
+    updater.save_optimizer(tmp, "optimizer", rank)
+    if disc_updater is not None:  # absent when the discriminator is fixed
+        disc_updater.save_optimizer(tmp, "disc_optimizer", rank)
+    save_file(_rng_tensors(device), str(tmp / f"rng-rank{rank}.safetensors"))
+    if rank == 0:
+        save_file(policy_sd, str(tmp / "policy.safetensors"))
+        if disc_sd is not None:
+            save_file(disc_sd, str(tmp / "discriminator.safetensors"))
+        version, internal, gauss = py_rng.getstate()  # the same on every rank: all draw the whole step
+        (tmp / "state.json").write_text(json.dumps({"step": step, "cursor": cursor, "fingerprint": fingerprint,
+                                                    "world_size": world_size,
+                                                    "python_rng": [version, list(internal), gauss]}))
+    barrier()  # every rank's files are in tmp before it becomes the state
+    if rank == 0:
+        if folder.exists():  # swap: the old state is removed only after the new one is complete
+            old = folder.with_name(folder.name + ".old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(folder, old)
+            os.replace(tmp, folder)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, folder)
+    barrier()
 
 
 def read_state(folder: Path) -> dict | None:
@@ -70,13 +101,21 @@ def read_state(folder: Path) -> dict | None:
     return json.loads((folder / "state.json").read_text())
 
 
-def restore_state(folder: Path, meta: dict, *, policy, disc, opt, disc_opt, py_rng: random.Random) -> None:
-    policy.load_state_dict(load_file(str(folder / "policy.safetensors")))
+def restore_state(folder: Path, meta: dict, *, policy, disc, updater, disc_updater, py_rng: random.Random,
+                  device: torch.device = CPU, rank: int = 0) -> None:
+    updater.load_weights(load_file(str(folder / "policy.safetensors")))
     if disc is not None and (folder / "discriminator.safetensors").exists():
-        disc.load_state_dict(load_file(str(folder / "discriminator.safetensors")))
-    if disc_opt is not None and (folder / "disc_optimizer.json").exists():
-        optimizer_from_files(disc_opt, folder, "disc_optimizer")
-    optimizer_from_files(opt, folder, "optimizer")
-    torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
+        disc_sd = load_file(str(folder / "discriminator.safetensors"))
+        if disc_updater is not None:
+            disc_updater.load_weights(disc_sd)
+        else:
+            disc.load_state_dict(disc_sd)
+    if disc_updater is not None:  # same params (fingerprint) -> the state has its optimizer too
+        disc_updater.load_optimizer(folder, "disc_optimizer", rank)
+    updater.load_optimizer(folder, "optimizer", rank)
+    rng = load_file(str(folder / f"rng-rank{rank}.safetensors"))
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"], device)
     version, internal, gauss = meta["python_rng"]
     py_rng.setstate((version, tuple(internal), gauss))

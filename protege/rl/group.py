@@ -18,12 +18,13 @@ def build_group(student: Completions, prompt_ids: torch.Tensor, teacher_texts: l
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     t_ids = [[tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts] for texts in teacher_texts]
     L = max([s_comp.shape[1]] + [len(x) for q in t_ids for x in q])
+    dev = prompt_ids.device  # the group is built where the models will score it
     seqs, masks, is_teacher, texts = [], [], [], []
     for b in range(prompt_ids.shape[0]):
         for g in range(G):
             row = b * G + g
-            comp = torch.full((L,), pad, dtype=torch.long)
-            mask = torch.zeros(L, dtype=torch.long)
+            comp = torch.full((L,), pad, dtype=torch.long, device=dev)
+            mask = torch.zeros(L, dtype=torch.long, device=dev)
             comp[: s_comp.shape[1]] = s_comp[row]
             mask[: s_comp.shape[1]] = s_mask[row]
             seqs.append(torch.cat([prompt_ids[b], comp]))
@@ -31,9 +32,9 @@ def build_group(student: Completions, prompt_ids: torch.Tensor, teacher_texts: l
             is_teacher.append(False)
             texts.append(student.texts[row])
         for ids, text in zip(t_ids[b], teacher_texts[b]):
-            comp = torch.full((L,), pad, dtype=torch.long)
-            mask = torch.zeros(L, dtype=torch.long)
-            comp[: len(ids)] = torch.tensor(ids)
+            comp = torch.full((L,), pad, dtype=torch.long, device=dev)
+            mask = torch.zeros(L, dtype=torch.long, device=dev)
+            comp[: len(ids)] = torch.tensor(ids, device=dev)
             mask[: len(ids)] = 1
             seqs.append(torch.cat([prompt_ids[b], comp]))
             masks.append(mask)

@@ -10,6 +10,8 @@ VISION_KEYS = ("pixel_values", "image_grid_thw")
 
 def repeat_vision(batch: dict[str, torch.Tensor], times: int) -> dict[str, torch.Tensor]:
     """Vision inputs for prompts repeated `times` in a row (as generate(num_return_sequences) lays them out)."""
+    if "image_grid_thw" not in batch:  # text-only prompts
+        return {}
     grid = batch["image_grid_thw"]  # [B, 3]
     patches = batch["pixel_values"].split(grid.prod(dim=1).tolist())  # B tensors [patches_b, D]
     return {"pixel_values": torch.cat([p for p in patches for _ in range(times)]),

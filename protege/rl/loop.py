@@ -31,8 +31,9 @@ from protege.rl.checkpoint import read_state, restore_state, save_state
 from protege.rl.group import build_group
 from protege.rl.logprobs import completion_logprobs, repeat_vision
 from protege.rl.losses import policy_loss
+from protege.rl.placement import CPU, resolve_device, to_device, visiting
 from protege.rl.trainable import select_trainable
-from protege.rl.updaters import make_updater, world
+from protege.rl.updaters import barrier, make_updater, world
 
 
 @dataclass
@@ -48,8 +49,13 @@ def checkpoint_dir(out_dir: Path, step: int) -> Path:
 
 
 def fingerprint(cfg: RLConfig, seed: int) -> str:
-    """Identifies the run a resume state belongs to: a state from other params is never resumed."""
-    return hashlib.sha256(json.dumps([cfg.model_dump(), seed], sort_keys=True).encode()).hexdigest()[:16]
+    """Identifies the run a resume state belongs to: a state from other params is never resumed.
+
+    The number of processes counts (each holds its own optimizer partition and RNG); offload_idle does
+    not, since it never changes a result.
+    """
+    params = cfg.model_dump(exclude={"offload_idle"})
+    return hashlib.sha256(json.dumps([params, seed, world()[1]], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: random.Random) -> list[str]:
@@ -59,10 +65,14 @@ def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: ra
     return rng.sample(pool, G) if len(pool) >= G else [rng.choice(pool) for _ in range(G)]
 
 
-def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], per_question: int):
+def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], per_question: int,
+                device: torch.device):
     qs = [r.question for r in rows for _ in range(per_question)]
     ims = [r.image for r in rows for _ in range(per_question)]
-    return processor.encode_pairs(qs, ims, texts)
+    batch = to_device(processor.encode_pairs(qs, ims, texts), device)
+    for key in ("mm_token_type_ids", "pixel_values", "image_grid_thw"):  # absent for text-only questions
+        batch.setdefault(key, None)
+    return batch
 
 
 def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLConfig, out_dir: Path, seed: int,
@@ -81,17 +91,22 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     if cfg.questions_per_step < world_size:
         raise UserFacingError(f"rl.questions_per_step ({cfg.questions_per_step}) must be at least the number of "
                               f"processes ({world_size})")
-    params = select_trainable(policy, cfg.trainable)
-    updater = make_updater(cfg.backend, policy, params, cfg.lr, cfg.zero_stage)  # constant LR, as in RIL
-    opt = updater.optimizer
+    device = resolve_device(cfg.device)
     disc = inputs.discriminator if ril else None
     if ril and disc is None:
         raise UserFacingError("rl.algorithm 'ril' needs a pretrained discriminator (run disc_pretrain first)")
-    disc_updater = (make_updater(cfg.backend, disc, list(disc.parameters()), cfg.disc_lr, cfg.zero_stage)
+    # the engine of a DeepSpeed discriminator owns its placement: it stays on the device
+    offload_ref = cfg.offload_idle
+    offload_disc = cfg.offload_idle and cfg.backend == "torch"
+    policy.to(device)
+    ref.to(CPU if offload_ref else device)
+    if disc is not None:
+        disc.to(CPU if offload_disc else device)
+    params = select_trainable(policy, cfg.trainable)
+    updater = make_updater(cfg.backend, policy, params, cfg.lr, cfg.zero_stage, device)  # constant LR, as in RIL
+    disc_updater = (make_updater(cfg.backend, disc, list(disc.parameters()), cfg.disc_lr, cfg.zero_stage, device)
                     if disc is not None and cfg.discriminator == "updated" else None)
-    disc_opt = disc_updater.optimizer if disc_updater else None
-    if cfg.backend == "deepspeed" and state_dir is not None:
-        state_dir = None  # exact resume is implemented for the plain torch backend only
+    disc_host = disc_updater if disc_updater is not None else disc  # what moves when the discriminator visits
     ref.eval().requires_grad_(False)
     sampling = Sampling(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                         repetition_penalty=cfg.repetition_penalty, max_new_tokens=cfg.max_new_tokens)
@@ -119,7 +134,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     start, saved = 1, []
     fp = fingerprint(cfg, seed)
     if state_dir is not None and (meta := read_state(state_dir)) is not None and meta["fingerprint"] == fp:
-        restore_state(state_dir, meta, policy=policy, disc=disc, opt=opt, disc_opt=disc_opt, py_rng=rng)
+        restore_state(state_dir, meta, policy=policy, disc=disc, updater=updater, disc_updater=disc_updater,
+                      py_rng=rng, device=device, rank=rank)
         order, start = meta["cursor"]["order"], meta["step"] + 1
         saved = sorted(out_dir.glob("step-*"))
     for step in range(start, cfg.steps + 1):
@@ -135,7 +151,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         teacher_texts = [_teacher_draw(inputs.teacher_answers.get(r.id, []), cfg, G, rng) if ril else []
                          for r in batch_rows]
         batch_rows, teacher_texts = batch_rows[rank::world_size], teacher_texts[rank::world_size]
-        prompts = processor.encode_prompts([r.question for r in batch_rows], [r.image for r in batch_rows])
+        prompts = to_device(processor.encode_prompts([r.question for r in batch_rows], [r.image for r in batch_rows]),
+                            device)
 
         # 2. G student samples per question from pi_old (= the current policy); G teacher answers for RIL
         with updater.gathered():
@@ -148,16 +165,18 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         metrics: dict[str, float] = {}
         if ril:
             d_texts = [t for b in range(len(batch_rows)) for t in student.texts[b * G:(b + 1) * G] + teacher_texts[b]]
-            d_batch = _disc_batch(processor, batch_rows, d_texts, 2 * G)
-            d_labels = torch.tensor(([1.0] * G + [0.0] * G) * len(batch_rows))
-            if disc_updater is not None:
-                for _ in range(cfg.disc_updates):
-                    disc_updater.step(F.binary_cross_entropy_with_logits(disc(**d_batch), d_labels))
-            with torch.no_grad():
-                disc.eval()
-                d_all = torch.sigmoid(disc(**d_batch))  # [B * 2G]
-                d_group = d_all if with_teachers else d_all.view(len(batch_rows), 2 * G)[:, :G].reshape(-1)
-                disc.train()
+            d_batch = _disc_batch(processor, batch_rows, d_texts, 2 * G, device)
+            d_labels = torch.tensor(([1.0] * G + [0.0] * G) * len(batch_rows), device=device)
+            with visiting(disc_host, device, offload_disc):
+                if disc_updater is not None:
+                    for _ in range(cfg.disc_updates):
+                        disc_updater.step(F.binary_cross_entropy_with_logits(disc(**d_batch), d_labels))
+                with torch.no_grad():
+                    disc.eval()
+                    d_all = torch.sigmoid(disc(**d_batch)).cpu()  # [B * 2G]; rewards are assembled on the CPU
+                    disc.train()
+            d_labels = d_labels.cpu()
+            d_group = d_all if with_teachers else d_all.view(len(batch_rows), 2 * G)[:, :G].reshape(-1)
             sim = similarity_reward(d_group, cfg.similarity)
             metrics.update({"disc_accuracy": float(((d_all >= 0.5).float() == d_labels).float().mean()),
                             "disc_score_student": float(d_all[d_labels == 1].mean()),
@@ -177,12 +196,12 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         # 5. one policy update (mu = 1): pi_old equals pi_theta before this step, so its log-probs (student
         #    and teacher tokens alike) are the detached current ones and the ratio starts at exactly 1
         vision = repeat_vision(prompts, per_q)
-        with torch.no_grad():
+        with torch.no_grad(), visiting(ref, device, offload_ref):
             logp_ref = completion_logprobs(ref, group, vision, processor.image_token_id, tok.pad_token_id)
         logp, entropy = completion_logprobs(policy, group, vision, processor.image_token_id, tok.pad_token_id,
                                             with_entropy=True)
         mask = group.completion_mask.float()
-        loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv, mask, clip_eps=cfg.clip_eps,
+        loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv.to(device), mask, clip_eps=cfg.clip_eps,
                                   kl_beta=cfg.kl_beta, aggregation="grpo" if cfg.algorithm == "grpo" else "dr_grpo",
                                   max_len=L_max)
         if not torch.isfinite(loss):
@@ -195,17 +214,19 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             with updater.gathered():
                 if rank == 0:
                     save_student(policy, processor, saved[-1])
-            if state_dir is not None and rank == 0:
-                save_state(state_dir, step=step, policy=policy, disc=disc,
-                           opt=opt, disc_opt=disc_opt, py_rng=rng, cursor={"order": order}, fingerprint=fp)
+            if state_dir is not None:  # collective under DeepSpeed
+                save_state(state_dir, step=step, policy=policy, disc=disc, updater=updater, disc_updater=disc_updater,
+                           py_rng=rng, cursor={"order": order}, fingerprint=fp, device=device, rank=rank,
+                           world_size=world_size, barrier=barrier)
         if on_log:
             seconds = time.perf_counter() - t0
+            mask = mask.cpu()
             n_tok = float(mask.sum())
             s_rows, t_rows = ~is_teacher, is_teacher
             metrics.update({
                 "reward": rewards[s_rows].mean().item(), "answer_reward_student": answer[s_rows].mean().item(),
                 "loss": loss.item(), "kl": stats["kl"].item(), "clip_fraction": stats["clip_fraction"].item(),
-                "entropy": float((entropy.detach() * mask).sum() / max(n_tok, 1.0)),
+                "entropy": float((entropy.detach().cpu() * mask).sum() / max(n_tok, 1.0)),
                 "response_length": float(mask[s_rows].sum() / max(int(s_rows.sum()), 1)),
                 "advantage_mean": adv.mean().item(), "advantage_std": adv.std().item(),
                 "samples_per_s": mask.shape[0] / seconds, "tokens_per_s": n_tok / seconds,

@@ -1,11 +1,12 @@
 """One rank of a DeepSpeed RL run on the tiny world (launched by test_deepspeed.py)."""
+import argparse
 import hashlib
 import json
 import random
-import sys
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from protege.config import ModelConfig, RLConfig, WorldConfig
 from protege.data.rows import load_rows
@@ -18,7 +19,8 @@ from protege.world.generate import generate_world
 from protege.world.questions import make_item
 
 
-def main(out: str, algorithm: str, zero_stage: int) -> None:
+def main(out: str, algorithm: str, zero_stage: int, steps: int = 2, stop_after: int | None = None,
+         state: bool = False, tag: str = "") -> None:
     out_dir = Path(out)
     rank = int(__import__("os").environ.get("RANK", 0))
     world_dir = out_dir / f"world-{rank}"
@@ -34,11 +36,12 @@ def main(out: str, algorithm: str, zero_stage: int) -> None:
     answers = {r.id: [("concise", f"{r.answer}."), ("verbose", f"The answer is {r.answer}.")] for r in rows}
     torch.manual_seed(1)
     disc = Discriminator(build_student(ModelConfig(), processor, seed=0).model) if algorithm == "ril" else None
-    cfg = RLConfig(algorithm=algorithm, steps=2, questions_per_step=2, group_size=2, max_new_tokens=4, lr=1e-3,
+    cfg = RLConfig(algorithm=algorithm, steps=steps, questions_per_step=2, group_size=2, max_new_tokens=4, lr=1e-3,
                    save_every=2, backend="deepspeed", zero_stage=zero_stage)
     logs = []
-    run_rl(student, ref, processor, RLInputs(rows, answers, disc), cfg, out_dir / "ckpt", seed=0,
-           on_log=lambda s, m: logs.append(m))
+    ckpt = out_dir / f"ckpt{tag}"
+    run_rl(student, ref, processor, RLInputs(rows, answers, disc), cfg, ckpt, seed=0,
+           on_log=lambda s, m: logs.append(m), state_dir=ckpt / "state" if state else None, stop_after=stop_after)
     with torch.no_grad():
         import deepspeed
 
@@ -46,7 +49,10 @@ def main(out: str, algorithm: str, zero_stage: int) -> None:
             state = {k: v.clone() for k, v in student.state_dict().items()}
     digest = hashlib.sha256(b"".join(state[k].numpy().tobytes() for k in sorted(state))).hexdigest()
     changed = sorted(k for k in state if state[k].shape == before[k].shape and not torch.equal(state[k], before[k]))
-    (out_dir / f"rank{rank}.json").write_text(json.dumps({"digest": digest, "changed": len(changed), "steps": len(logs)}))
+    (out_dir / f"rank{rank}{tag}.json").write_text(json.dumps({"digest": digest, "changed": len(changed),
+                                                               "steps": len(logs)}))
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / f"final{tag}.safetensors"))
 
 
 class _null:
@@ -58,4 +64,13 @@ class _null:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("algorithm")
+    ap.add_argument("zero_stage", type=int)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--stop-after", type=int)
+    ap.add_argument("--state", action="store_true", help="save / resume the full training state")
+    ap.add_argument("--tag", default="", help="suffix of this run's output files")
+    a = ap.parse_args()
+    main(a.out, a.algorithm, a.zero_stage, a.steps, a.stop_after, a.state, a.tag)

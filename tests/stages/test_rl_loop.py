@@ -1,5 +1,10 @@
 """The RL loop on a tiny student: dr_grpo and ril steps, exact resume, missing teacher answers, NaN stop."""
 import copy
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -9,6 +14,7 @@ from protege.data.rows import load_rows
 from protege.errors import UserFacingError
 from protege.models.discriminator import Discriminator
 from protege.rl.loop import RLInputs, run_rl
+from tests.conftest import REPO
 
 BASE = dict(steps=3, questions_per_step=2, group_size=2, max_new_tokens=4, save_every=2, lr=1e-3)
 
@@ -135,3 +141,62 @@ def test_llm_judge_plugs_into_the_loop(tiny_student, tiny_processor, rows, tmp_p
            on_log=lambda s, m: logs.append(m))
     assert seen == [8]  # 2 questions x (2 student + 2 teacher answers)
     assert logs[0]["answer_reward_student"] == 0.5
+
+
+def _worker(out, *extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "log.txt", "a") as log:  # a file, not a pipe: a full pipe would stall the worker
+        return subprocess.Popen([sys.executable, "-m", "tests.stages.rl_worker", str(out), *extra], cwd=REPO,
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _log(out):
+    return (out / "log.txt").read_text()[-3000:]
+
+
+def test_sigkill_then_rerun_reaches_bitwise_the_same_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    from protege.rl.checkpoint import read_state
+
+    ref = _worker(tmp_path / "whole")  # uninterrupted, alongside the run that gets killed
+    victim = _worker(tmp_path / "killed", "--step-delay", "1.0")
+    state = tmp_path / "killed" / "rl" / "state"
+    deadline = time.monotonic() + 120
+    while victim.poll() is None and time.monotonic() < deadline:
+        meta = read_state(state) if state.exists() else None
+        if meta is not None and meta["step"] >= 2:
+            victim.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    assert victim.wait(timeout=30) == -signal.SIGKILL, _log(tmp_path / "killed")
+    assert not (tmp_path / "killed" / "final.safetensors").exists()
+    assert ref.wait(timeout=120) == 0, _log(tmp_path / "whole")
+    again = _worker(tmp_path / "killed")
+    assert again.wait(timeout=120) == 0, _log(tmp_path / "killed")
+    a = load_file(str(tmp_path / "whole" / "final.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "final.safetensors"))
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    def names(run):
+        return sorted(p.name for p in (tmp_path / run / "rl").glob("step-*"))
+
+    assert names("killed") == names("whole") == [f"step-{i:05d}" for i in range(1, 6)]
+
+
+def test_offloading_idle_models_changes_nothing(tiny_student, tiny_processor, rows, tmp_path):
+    finals = []
+    for offload in (True, False):
+        policy, disc = copy.deepcopy(tiny_student), disc_from(tiny_student)
+        cfg = RLConfig(**{**BASE, "steps": 2}, algorithm="ril", device="cpu", offload_idle=offload)
+        run_rl(policy, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows, teacher_answers(rows), disc), cfg,
+               tmp_path / str(offload), seed=0)
+        finals.append({**policy.state_dict(), **{f"disc.{k}": v for k, v in disc.state_dict().items()}})
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_a_user_error(tiny_student, tiny_processor, rows, tmp_path):
+    with pytest.raises(UserFacingError, match="rl.device is 'cuda'"):
+        run_rl(tiny_student, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows),
+               RLConfig(**BASE, device="cuda"), tmp_path, seed=0)
