@@ -16,6 +16,8 @@ config_app = typer.Typer(no_args_is_help=True, help="Inspect the configuration."
 app.add_typer(config_app, name="config")
 data_app = typer.Typer(no_args_is_help=True, help="Import and validate datasets.")
 app.add_typer(data_app, name="data")
+eval_app = typer.Typer(no_args_is_help=True, help="Score, run and compare benchmark evaluations.")
+app.add_typer(eval_app, name="eval")
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -91,6 +93,112 @@ def pipeline(project: Path = typer.Option(Path("."), help="project folder (holds
     # the flow lives outside the library (the library never imports Prefect): run it as its own process
     code = subprocess.call([sys.executable, "-m", "flows.pipeline", "--project", str(project)], env=os.environ.copy())
     raise typer.Exit(code)
+
+
+def _bench_names(value: str) -> list[str] | None:
+    return None if value in ("", "all") else [v.strip() for v in value.split(",") if v.strip()]
+
+
+@eval_app.command("score")
+def eval_score(benchmark: str = typer.Option(..., help="benchmark name, e.g. mmbench, chartqa, mathvista"),
+               data: Path = typer.Option(..., help="the benchmark file (.tsv, .parquet or MM-Vet .json)"),
+               predictions: Path = typer.Option(..., help='JSONL: {"index": ..., "prediction": "..."} per line'),
+               out: Path = typer.Option(..., help="folder for summary.json, items.jsonl and units.json"),
+               protocol: str = typer.Option("lmms-eval", help="lmms-eval | vlmevalkit (multiple choice)"),
+               fmt: str = typer.Option("", "--format", help="tsv | parquet | json (default: from the suffix)"),
+               bootstrap: int = typer.Option(1000, help="resamples for the 95% CI"),
+               seed: int = typer.Option(0)) -> None:
+    """Score any model's predictions on one benchmark file (no model is loaded; rule-based judges)."""
+    from protege.errors import UserFacingError
+    from protege.eval.readers import read_benchmark
+    from protege.eval.score import check_coverage, read_predictions, score_benchmark, write_scores
+
+    try:
+        items = read_benchmark(benchmark, data, fmt or None)
+        preds = read_predictions(predictions)
+        check_coverage(items, preds, predictions)
+        summary, rows, units = score_benchmark(benchmark, items, preds, protocol, None, bootstrap, seed)
+    except (UserFacingError, ValueError, KeyError) as exc:
+        _fail(str(exc).strip("'\""), code=1)
+    write_scores(out, summary, rows, units)
+    lo, hi = summary["ci"]
+    typer.echo(f"{benchmark}: {summary['score']:.2f} (95% CI {lo:.2f}-{hi:.2f}) on {summary['items']} items "
+               f"({summary['units']} scored units, {summary['protocol']}); rows in {out / 'items.jsonl'}")
+
+
+@eval_app.command("run")
+def eval_run(model: Path = typer.Option(..., help="a student checkpoint folder (safetensors + configs)"),
+             benchmarks: str = typer.Option("all", help="comma-separated names, or all (of evaluate.benchmarks)"),
+             out: Path = typer.Option(Path("reports/eval-run"), help="folder for the per-benchmark results"),
+             name: str = typer.Option("", help="label of this model in the report (default: folder name)"),
+             params: Path = typer.Option(Path("params.yaml"), help="params file (evaluate section)"),
+             batch_size: int = typer.Option(0, help="override evaluate.batch_size (1 = one at a time)")) -> None:
+    """Generate answers (batched, greedy) with a checkpoint, score them, report, and log an MLflow run."""
+    from protege import tracking
+    from protege.errors import UserFacingError
+    from protege.eval.report import bar_chart, markdown
+    from protege.eval.suite import benchmark_files, completer_for, evaluate_model, load_suite
+    from protege.models.student import load_student
+
+    cfg = _config(params)
+    ev = cfg.evaluate if not batch_size else cfg.evaluate.model_copy(update={"batch_size": batch_size})
+    label = name or model.resolve().name
+    root = Path.cwd()
+    try:
+        suite = load_suite(benchmark_files(ev, root), _bench_names(benchmarks))
+        net, processor = load_student(model)
+    except (UserFacingError, FileNotFoundError, OSError) as exc:
+        _fail(str(exc), code=1)
+    with tracking.stage_run("eval-run", root) as run:
+        run.log_params({**ev.model_dump(exclude={"judge"}), "model": str(model), "label": label}, "eval.")
+        summary = evaluate_model(net, processor, suite, ev, out / label, completer_for(ev.judge, root, cfg.seed),
+                                 cfg.seed, log=lambda m: typer.echo(f"{label} {m}", err=True))
+        report = {"suite": "mini" if ev.benchmarks == "mini" else "files", "protocol": ev.protocol,
+                  "bootstrap": ev.bootstrap, "benchmarks": {b: "" for b in suite}, "candidate": label,
+                  "score": summary["average"], "models": {label: {"path": str(model), **summary}}}
+        (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+        (out / "report.md").write_text(markdown(report))
+        bar_chart(report, out / "report.png")
+        run.log_metrics({"average": summary["average"], "mean_tokens": summary["mean_tokens"],
+                         "mean_latency_s": summary["mean_latency_s"],
+                         **{f"{b}.score": s["score"] for b, s in summary["benchmarks"].items()}})
+        for f in ("report.json", "report.md", "report.png"):
+            run.log_artifact(out / f)
+        run.log_artifact(out / label, f"eval/{label}")
+        lo, hi = summary["average_ci"]
+        typer.echo(f"{label}: average {summary['average']:.2f} (95% CI {lo:.2f}-{hi:.2f}) over {len(suite)} "
+                   f"benchmarks; {summary['mean_tokens']:.1f} tokens and {1000 * summary['seconds_per_answer']:.1f} "
+                   f"ms per answer; report {out / 'report.md'}; MLflow run {run.run_id}")
+
+
+@eval_app.command("compare")
+def eval_compare(run_a: str = typer.Argument(..., help="MLflow run id of A (evaluate stage or eval run)"),
+                 run_b: str = typer.Argument(..., help="MLflow run id of B"),
+                 model_a: str = typer.Option("", help="model label inside run A (default: merged, or the only one)"),
+                 model_b: str = typer.Option("", help="model label inside run B"),
+                 bootstrap: int = typer.Option(1000), seed: int = typer.Option(0)) -> None:
+    """B - A per benchmark and on average, with a paired bootstrap over the items both runs scored."""
+    import tempfile
+
+    from protege import tracking
+    from protege.errors import UserFacingError
+    from protege.eval.compare import compare, markdown, read_units
+
+    def side(run_id: str, label: str, tmp: Path) -> tuple[dict, str]:
+        root = tracking.download_artifacts(Path.cwd(), run_id, "eval", tmp / run_id)
+        labels = sorted(p.name for p in root.iterdir() if p.is_dir())
+        chosen = label or ("merged" if "merged" in labels else labels[0] if len(labels) == 1 else "")
+        if chosen not in labels:
+            raise UserFacingError(f"run {run_id} holds models {labels}; pick one with --model-a / --model-b")
+        return read_units(root / chosen), f"{run_id[:8]}:{chosen}"
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            a, label_a = side(run_a, model_a, Path(tmp))
+            b, label_b = side(run_b, model_b, Path(tmp))
+        typer.echo(markdown(compare(a, b, bootstrap, seed), label_a, label_b), nl=False)
+    except UserFacingError as exc:
+        _fail(str(exc), code=1)
 
 
 def main() -> None:

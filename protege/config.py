@@ -160,6 +160,8 @@ class RLConfig(SamplingConfig):
     max_missing_fraction: float = Field(0.1, ge=0, le=1)  # questions without teacher answers: skip, or fail above this
     backend: Literal["torch", "deepspeed"] = "torch"     # deepspeed: ZeRO for the policy and discriminator updates
     zero_stage: Literal[2, 3] = 2
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
+    offload_idle: bool = True                     # reference model / discriminator on the device only while used
 
 
     @model_validator(mode="after")
@@ -174,13 +176,33 @@ class MergeConfig(Section):
 
 
 class EvaluateConfig(Section):
+    """`benchmarks: mini` evaluates on the world's 14 mini benchmarks; a map NAME: PATH reads real files
+    (VLMEvalKit .tsv, lmms-eval .parquet, MM-Vet .json) from those paths instead; nothing is downloaded."""
     batch_size: int = Field(64, ge=1)
     max_new_tokens: int = Field(16, ge=1)
+    benchmarks: Literal["mini"] | dict[str, str] = "mini"
+    mini_items: int = Field(24, ge=4)          # items per mini benchmark (MMBench: / 4 questions x 4 copies)
+    protocol: Literal["lmms-eval", "vlmevalkit"] = "lmms-eval"  # vlmevalkit: its multiple-choice matching
+    judge: TeacherSpec | None = None           # MM-Vet grader + extraction fallback (openai/vllm); null: rules
+    bootstrap: int = Field(1000, ge=100)       # resamples for the 95% confidence intervals
+
+    @model_validator(mode="after")
+    def _known_benchmarks(self) -> "EvaluateConfig":
+        from protege.eval.items import BENCHMARKS
+
+        if isinstance(self.benchmarks, dict):
+            unknown = sorted(set(self.benchmarks) - set(BENCHMARKS))
+            if unknown or not self.benchmarks:
+                raise ValueError(f"evaluate.benchmarks: unknown benchmark(s) {unknown}; expected names from "
+                                 f"{', '.join(BENCHMARKS)}")
+        if self.judge is not None and self.judge.backend not in ("openai", "vllm"):
+            raise ValueError("evaluate.judge needs a text backend: openai or vllm")
+        return self
 
 
 class PromoteConfig(Section):
     model_name: str = Field("protege-student", min_length=1)
-    margin: float = Field(0.0, ge=0)
+    margin: float = Field(0.0, ge=0)           # points of the benchmark average the candidate must gain
 
 
 class Config(Section):

@@ -21,3 +21,6 @@ EVAL_MD = Path("reports/eval.md")
 EVAL_ITEMS = Path("reports/eval_items.jsonl")
 PROMOTION = Path("reports/promotion.json")
 STAGE_METRICS = Path("reports/stages")  # one small JSON of figures per stage (DVC metrics)
+MINI_BENCHMARKS = Path("data/benchmarks")  # the world's mini versions of the 14 benchmarks
+EVAL_DIR = Path("reports/eval")  # per model and benchmark: predictions, scored items, units
+EVAL_PNG = Path("reports/eval.png")

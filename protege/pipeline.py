@@ -60,12 +60,17 @@ def repro_stage(project_dir: str | Path, stage: str, parent_run_id: str | None =
 
 
 def headline_metrics(project_dir: str | Path) -> dict[str, float]:
-    """The evaluation's accuracies, for the pipeline's parent run (empty before `evaluate` has run)."""
+    """The evaluation's headline figures, for the pipeline's parent run (empty before `evaluate` has run)."""
     path = Path(project_dir) / "reports" / "eval.json"
     if not path.exists():
         return {}
     report = json.loads(path.read_text())
-    return {f"{name}.accuracy": m["accuracy"] for name, m in report.get("models", {}).items()}
+    out = {}
+    for name, m in report.get("models", {}).items():
+        out[f"{name}.average"] = m["average"]
+        if "world_test" in m:
+            out[f"{name}.world_test.accuracy"] = m["world_test"]["accuracy"]
+    return out
 
 
 def missing_dag_params(project_dir: str | Path, params_file: str = "params.yaml") -> list[str]:

@@ -163,3 +163,22 @@ def register(project_dir: Path, model_id: str, model_name: str, score: float, ma
     if make_champion:
         MlflowClient().set_registered_model_alias(model_name, "champion", mv.version)
     return mv.version
+
+
+def download_artifacts(project_dir: Path, run_id: str, artifact_path: str, dst: Path) -> Path:
+    """A run's artifact folder, copied locally; a clear error for an unknown run or a run without it."""
+    mlflow = _mlflow(project_dir)
+    from mlflow.exceptions import MlflowException
+
+    from protege.errors import UserFacingError
+
+    try:
+        mlflow.get_run(run_id)
+    except MlflowException:
+        raise UserFacingError(f"MLflow run {run_id} not found in {tracking_uri(project_dir)}") from None
+    try:
+        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
+                                                        dst_path=str(dst)))
+    except (MlflowException, OSError):
+        raise UserFacingError(f"MLflow run {run_id} has no '{artifact_path}' artifacts (is it an evaluate or "
+                              "`protege eval run` run?)") from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-STAGES = ("world", "validate", "sft", "curate", "teachers", "rollouts", "disc_pretrain", "rl", "merge",
+STAGES = ("world", "mini_benchmarks", "validate", "sft", "curate", "teachers", "rollouts", "disc_pretrain", "rl", "merge",
           "evaluate", "promote")
 
 

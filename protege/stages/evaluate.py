@@ -1,4 +1,5 @@
-"""evaluate: accuracy on the held-out test split for SFT, final RL and merged models; report."""
+"""evaluate: the 14 benchmarks (mini or real files) for the SFT, final RL and merged models, plus the
+world's test split; report with bootstrap CIs (markdown, JSON, bar chart), logged to MLflow."""
 from __future__ import annotations
 
 import json
@@ -7,51 +8,72 @@ from pathlib import Path
 from protege.config import Config
 from protege.data.rows import load_rows
 from protege.eval.accuracy import evaluate_rows
+from protege.eval.report import bar_chart, markdown
+from protege.eval.suite import (
+    benchmark_files,
+    completer_for,
+    evaluate_model,
+    load_suite,
+)
 from protege.models.student import load_student
-from protege.paths import EVAL_ITEMS, EVAL_JSON, EVAL_MD, MERGED_MODEL, RL_CHECKPOINTS, SFT_MODEL, SPLIT_TABLES
+from protege.paths import (
+    EVAL_DIR,
+    EVAL_ITEMS,
+    EVAL_JSON,
+    EVAL_MD,
+    EVAL_PNG,
+    MERGED_MODEL,
+    RL_CHECKPOINTS,
+    SFT_MODEL,
+    SPLIT_TABLES,
+)
 from protege.stages.common import say
 
 CANDIDATE = "merged"  # the pipeline's output, the one `promote` considers
 
 
 def models_to_evaluate(root: Path) -> dict[str, Path]:
-    last_rl = sorted((root / RL_CHECKPOINTS).glob("step-*"))[-1]
+    last_rl = max((root / RL_CHECKPOINTS).glob("step-*"))
     return {"sft": SFT_MODEL, "rl_final": last_rl.relative_to(root), CANDIDATE: MERGED_MODEL}
 
 
-def markdown(report: dict) -> str:
-    models = report["models"]
-    kinds = sorted(next(iter(models.values()))["per_kind"])
-    lines = [f"# Evaluation on the test split ({report['items']} questions, chance {report['chance']:.3f})", "",
-             "| model | accuracy | " + " | ".join(kinds) + " | tokens/answer | ms/answer |",
-             "|---|---|" + "---|" * len(kinds) + "---|---|"]
-    for name, m in models.items():
-        lines.append(f"| {name} | {m['accuracy']:.3f} | " + " | ".join(f"{m['per_kind'][k]:.3f}" for k in kinds)
-                     + f" | {m['mean_tokens']:.1f} | {1000 * m['seconds_per_answer']:.1f} |")
-    lines += ["", f"Candidate for promotion: `{report['candidate']}` (accuracy {report['score']:.3f})."]
-    return "\n".join(lines) + "\n"
-
-
 def run(cfg: Config, root: Path, run) -> None:
-    run.log_params(cfg.evaluate.model_dump(), "evaluate.")
-    run.log_input(SPLIT_TABLES["test"], context="test")
-    rows = load_rows(root / SPLIT_TABLES["test"])
-    report = {"items": len(rows), "models": {}, "candidate": CANDIDATE}
-    items_out = []
-    for name, rel in models_to_evaluate(root).items():
-        run.log_input(rel, context=f"model:{name}")
+    ev = cfg.evaluate
+    run.log_params(ev.model_dump(exclude={"judge"}), "evaluate.")
+    files = benchmark_files(ev, root)
+    for name, path in files.items():
+        run.log_input(path, context=f"benchmark:{name}")
+    suite = load_suite(files)
+    say("evaluate", f"{len(suite)} benchmarks, {sum(map(len, suite.values()))} items; judge: "
+                    f"{ev.judge.name if ev.judge else 'rules only'}")
+    complete = completer_for(ev.judge, root, cfg.seed)
+    test_rows = load_rows(root / SPLIT_TABLES["test"])
+    report = {"suite": "mini" if ev.benchmarks == "mini" else "files", "protocol": ev.protocol,
+              "bootstrap": ev.bootstrap, "benchmarks": {n: str(p) for n, p in files.items()},
+              "candidate": CANDIDATE, "models": {}}
+    world_items = []
+    for model_name, rel in models_to_evaluate(root).items():
+        run.log_input(rel, context=f"model:{model_name}")
         model, processor = load_student(root / rel)
-        summary, items = evaluate_rows(model, processor, rows, cfg.evaluate.batch_size, cfg.evaluate.max_new_tokens)
-        report["models"][name] = {"path": str(rel), **summary}
-        report["chance"] = summary["chance"]
-        items_out += [{"model": name, **i} for i in items]
-        run.log_metrics({f"{name}.accuracy": summary["accuracy"], f"{name}.mean_tokens": summary["mean_tokens"],
-                         **{f"{name}.{k}.accuracy": v for k, v in summary["per_kind"].items()}})
-        say("evaluate", f"{name}: accuracy {summary['accuracy']:.3f} (chance {summary['chance']:.3f})")
-    report["score"] = report["models"][CANDIDATE]["accuracy"]
+        summary = evaluate_model(model, processor, suite, ev, root / EVAL_DIR / model_name, complete, cfg.seed,
+                                 log=lambda m, n=model_name: say("evaluate", f"{n} {m}"))
+        world, items = evaluate_rows(model, processor, test_rows, ev.batch_size, ev.max_new_tokens)
+        world_items += [{"model": model_name, **i} for i in items]
+        report["models"][model_name] = {"path": str(rel), **summary, "world_test": world}
+        run.log_metrics({f"{model_name}.average": summary["average"],
+                         f"{model_name}.mean_tokens": summary["mean_tokens"],
+                         f"{model_name}.mean_latency_s": summary["mean_latency_s"],
+                         f"{model_name}.world_test.accuracy": world["accuracy"],
+                         **{f"{model_name}.{b}.score": s["score"] for b, s in summary["benchmarks"].items()}})
+        lo, hi = summary["average_ci"]
+        say("evaluate", f"{model_name}: average {summary['average']:.1f} [{lo:.1f}, {hi:.1f}] over "
+                        f"{len(suite)} benchmarks; world test accuracy {world['accuracy']:.3f}")
+    report["score"] = report["models"][CANDIDATE]["average"]
     (root / EVAL_JSON).parent.mkdir(parents=True, exist_ok=True)
-    (root / EVAL_JSON).write_text(json.dumps(report, indent=2))
+    (root / EVAL_JSON).write_text(json.dumps(report, indent=2, ensure_ascii=False))
     (root / EVAL_MD).write_text(markdown(report))
-    (root / EVAL_ITEMS).write_text("".join(json.dumps(i) + "\n" for i in items_out))
-    for p in (EVAL_JSON, EVAL_MD, EVAL_ITEMS):
+    (root / EVAL_ITEMS).write_text("".join(json.dumps(i) + "\n" for i in world_items))
+    bar_chart(report, root / EVAL_PNG)
+    for p in (EVAL_JSON, EVAL_MD, EVAL_PNG, EVAL_ITEMS):
         run.log_artifact(root / p)
+    run.log_artifact(root / EVAL_DIR, "eval")

@@ -1,4 +1,5 @@
-"""promote: register the candidate in MLflow; move alias `champion` only if it beats the champion."""
+"""promote: register the candidate in MLflow; move alias `champion` only when its benchmark average beats
+the champion's by more than promote.margin points."""
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ def run(cfg: Config, root: Path, run) -> None:
               "previous_champion_version": old_version, "previous_champion_score": old_score}
     (root / PROMOTION).write_text(json.dumps(result, indent=2))
     run.log_metrics({"score": score, "promoted": float(promote)})
-    verdict = (f"is the new champion (was v{old_version} at {old_score:.3f})" if promote and old_version
+    verdict = (f"is the new champion (was v{old_version} at {old_score:.2f})" if promote and old_version
                else "is the first champion" if promote
-               else f"stays a challenger: champion v{old_version} scores {old_score:.3f}")
-    say("promote", f"{name} v{version} (score {score:.3f}) {verdict}")
+               else f"stays a challenger: champion v{old_version} scores {old_score:.2f}")
+    say("promote", f"{name} v{version} (score {score:.2f}) {verdict}")

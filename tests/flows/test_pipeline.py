@@ -18,7 +18,7 @@ TINY = {"world": {"n_train": 64, "n_rl": 12, "n_test": 16},
         "rollouts": {"samples_per_question": 2, "max_new_tokens": 6},
         "disc_pretrain": {"steps": 2, "batch_size": 8},
         "rl": {"steps": 2, "questions_per_step": 2, "group_size": 2, "save_every": 1, "max_new_tokens": 6},
-        "evaluate": {"max_new_tokens": 6}}
+        "evaluate": {"max_new_tokens": 6, "mini_items": 8, "bootstrap": 200}}
 
 
 def tiny_params(**rl_overrides) -> str:
@@ -75,12 +75,19 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
                 "data/teacher_answers.parquet",
                 "models/sft/model.safetensors", "data/rollouts/student.parquet",
                 "models/discriminator/head.safetensors", "models/rl/step-00002/model.safetensors",
-                "models/merged/model.safetensors", "reports/eval.md", "reports/promotion.json"):
+                "models/merged/model.safetensors", "reports/eval.md", "reports/eval.png", "reports/promotion.json",
+                "data/benchmarks/mmbench/mmbench.tsv", "data/benchmarks/mmvet/mmvet.json",
+                "reports/eval/merged/blink/items.jsonl"):
         assert (proj / rel).exists(), rel
     curation = json.loads((proj / "reports/curation.json").read_text())
     assert curation["kept"] == 8 and curation["dropped"]["not_selected"] == 4 and curation["rule"] == "softmax"
     report = json.loads((proj / "reports/eval.json").read_text())
-    assert set(report["models"]) == {"sft", "rl_final", "merged"} and report["items"] == 16
+    assert set(report["models"]) == {"sft", "rl_final", "merged"}
+    merged = report["models"]["merged"]
+    assert len(merged["benchmarks"]) == 14 and merged["world_test"]["items"] == 16
+    for name, b in merged["benchmarks"].items():
+        assert b["ci"][0] <= b["score"] <= b["ci"][1], name
+    assert report["score"] == merged["average"] and "| **average** |" in (proj / "reports/eval.md").read_text()
 
     status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=proj, env=project_env(proj),
                             capture_output=True, text=True, check=True)
@@ -91,9 +98,9 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("protege.pipeline") == "true"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert "merged.accuracy" in parents[0].data.metrics
+    assert {"merged.average", "merged.world_test.accuracy"} <= set(parents[0].data.metrics)
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
-    assert set(children) == {"world", "validate", "curate", "teachers", "sft", "rollouts", "disc_pretrain", "rl",
+    assert set(children) == {"world", "mini_benchmarks", "validate", "curate", "teachers", "sft", "rollouts", "disc_pretrain", "rl",
                              "merge", "evaluate", "promote"}
     sft_loss = client.get_metric_history(children["sft"].info.run_id, "loss")
     assert [m.step for m in sft_loss] == [2, 4]

@@ -1,0 +1,40 @@
+"""Answers benchmark items with a student checkpoint: batched, greedy by default, tokens and latency
+recorded per answer."""
+from __future__ import annotations
+
+import io
+import time
+
+from PIL import Image
+
+from protege.eval.items import BenchItem
+from protege.eval.prompts import build_prompt
+from protege.eval.score import Prediction
+from protege.generation.transformers_backend import Sampling, sample
+
+
+def decode_images(item: BenchItem) -> list[Image.Image]:
+    out = []
+    for png in item.images:
+        with Image.open(io.BytesIO(png)) as im:
+            out.append(im.convert("RGB"))
+    return out
+
+
+def generate_predictions(model, processor, items: list[BenchItem], batch_size: int, max_new_tokens: int,
+                         sampling: Sampling | None = None, progress=None) -> list[Prediction]:
+    """One Prediction per item, in item order. `latency_s` is the wall time of the batch the answer came
+    from (what a caller waits for it); `tokens` counts its completion tokens up to end-of-turn."""
+    sampling = sampling or Sampling(do_sample=False, max_new_tokens=max_new_tokens)
+    preds: list[Prediction] = []
+    for i in range(0, len(items), batch_size):
+        chunk = items[i:i + batch_size]
+        t0 = time.perf_counter()
+        batch = processor.encode_prompts([build_prompt(it) for it in chunk], [decode_images(it) for it in chunk])
+        c = sample(model, processor, batch, sampling)
+        seconds = time.perf_counter() - t0
+        for it, text, n in zip(chunk, c.texts, c.completion_mask.sum(dim=1).tolist()):
+            preds.append(Prediction(it.index, text, int(n), seconds))
+        if progress:
+            progress(len(preds), len(items))
+    return preds

@@ -1,0 +1,69 @@
+"""Benchmark-protocol scorers: `scorer_for(benchmark, protocol)` -> a `Scorer`.
+
+Protocols: "lmms-eval" (default; lmms-eval's scoring rule for the task, deviations documented on each
+scorer) and "vlmevalkit" (VLMEvalKit's multiple-choice matching; multiple-choice benchmarks only).
+No scorer draws random numbers: where a harness guesses a letter, we score 0 and say so in the note.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from protege.eval.items import BENCHMARKS
+from protege.eval.scorers.base import Completer, Scorer
+from protege.eval.scorers.chartqa import ChartQAScorer
+from protege.eval.scorers.circular import CircularScorer
+from protege.eval.scorers.mathvista import MathVistaScorer
+from protege.eval.scorers.mmmu import MMMUProScorer, MMMUScorer
+from protege.eval.scorers.mmvet import MMVetScorer
+from protege.eval.scorers.multiple_choice import (
+    AI2DScorer,
+    BlinkScorer,
+    MMStarScorer,
+    RealWorldQAScorer,
+    SeedBench2PlusScorer,
+    SeedBenchScorer,
+    VLMEvalKitChoiceScorer,
+)
+
+PROTOCOLS = ("lmms-eval", "vlmevalkit")
+
+_LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
+    "ai2d": lambda: AI2DScorer("ai2d", "lmms-eval: ai2d exact match of the option letter"),
+    "mmstar": lambda: MMStarScorer("mmstar", "lmms-eval: mmstar exact_match on the option letter, "
+                                             "macro over L2 categories"),
+    "realworldqa": lambda: RealWorldQAScorer("realworldqa", "lmms-eval: realworldqa letter or normalised "
+                                                            "exact match (number words to digits)"),
+    "blink": lambda: BlinkScorer("blink", "lmms-eval: blink leading option letter vs '(X)' gold"),
+    "seedbench": lambda: SeedBenchScorer("seedbench", "lmms-eval: seedbench option letter"),
+    "seedbench2_plus": lambda: SeedBench2PlusScorer("seedbench2_plus", "lmms-eval: seedbench_2_plus "
+                                                                       "option letter"),
+    "mmmu": lambda: MMMUScorer("mmmu"),
+    "mmmu_pro": lambda: MMMUProScorer("mmmu_pro"),
+    "mmbench": lambda: CircularScorer("mmbench", "lmms-eval"),
+    "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lmms-eval"),
+    "chartqa": lambda: ChartQAScorer("chartqa"),
+    "mathvista": lambda: MathVistaScorer("mathvista"),
+    "mmvet": lambda: MMVetScorer("mmvet"),
+    "mmvet_v2": lambda: MMVetScorer("mmvet_v2"),
+}
+_MULTIPLE_CHOICE = ("ai2d", "mmstar", "realworldqa", "blink", "seedbench", "seedbench2_plus", "mmmu",
+                    "mmmu_pro", "mmbench", "mmbench_cn")
+assert set(_LMMS_EVAL) == set(BENCHMARKS)
+
+
+def scorer_for(benchmark: str, protocol: str = "lmms-eval") -> Scorer:
+    if benchmark not in _LMMS_EVAL:
+        raise ValueError(f"unknown benchmark {benchmark!r}; known: {', '.join(BENCHMARKS)}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown scoring protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
+    if protocol == "lmms-eval":
+        return _LMMS_EVAL[benchmark]()
+    if benchmark not in _MULTIPLE_CHOICE:
+        raise ValueError(f"protocol 'vlmevalkit' covers multiple-choice benchmarks only "
+                         f"({', '.join(_MULTIPLE_CHOICE)}); {benchmark!r} is scored by 'lmms-eval'")
+    if benchmark in ("mmbench", "mmbench_cn"):
+        return CircularScorer(benchmark, "vlmevalkit")
+    return VLMEvalKitChoiceScorer(benchmark, _LMMS_EVAL[benchmark]())
+
+
+__all__ = ["PROTOCOLS", "Completer", "Scorer", "scorer_for"]

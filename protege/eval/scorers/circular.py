@@ -1,0 +1,73 @@
+"""MMBench / MMBench-CN CircularEval: a question counts only if every rotated copy is answered right."""
+from __future__ import annotations
+
+from protege.eval.items import BenchItem, Scored, Unit
+from protege.eval.scorers.base import Completer, ask, check_lengths
+from protege.eval.scorers.letters import (
+    lmms_mmbench_letter,
+    matching_prompt,
+    read_matching_reply,
+    vlmevalkit_letter,
+)
+from protege.eval.scorers.multiple_choice import gold_letter
+
+
+def group_key(item: BenchItem) -> str:
+    return item.group or item.index
+
+
+class CircularScorer:
+    """CircularEval as both harnesses run it (lmms-eval's MMBench evaluator is a copy of VLMEvalKit's).
+
+    Copies sharing `item.group` are rotations of one question. Each copy's letter is read by rule
+    (lmms-eval: bare letter token, with its guard against a bare "A" in a response longer than three
+    tokens, then "B." / "(B)" / ":B" forms, then the option text; vlmevalkit: `can_infer`). As in the
+    harness, a group with a copy already read wrong is 0 without asking anything; the copies of the
+    other groups that no rule could read go to `complete` with an answer-matching prompt, all in one
+    batched call. Where the harness then picks a random letter (matcher failed three times), we score
+    the copy 0 with note "unmatched". `units()` gives one unit per group (category and difficulty of
+    the group's first copy); the benchmark score is the mean over groups (micro).
+    """
+
+    aggregate = "micro"
+
+    def __init__(self, benchmark: str, protocol: str):
+        self.benchmark = benchmark
+        self._read = lmms_mmbench_letter if protocol == "lmms-eval" else vlmevalkit_letter
+        self.protocol = (f"{protocol}: MMBench CircularEval, rule letter matching then LLM matching; "
+                         "group right only if all copies are")
+
+    def score(self, items: list[BenchItem], predictions: list[str],
+              complete: Completer | None = None) -> list[Scored]:
+        check_lengths(items, predictions, "predictions")
+        golds = [gold_letter(it, it.options) for it in items]
+        read = [self._read(p or "", it.options) for it, p in zip(items, predictions)]
+        failed = {group_key(it) for it, r, g in zip(items, read, golds) if r is not None and r != g}
+        notes = [""] * len(items)
+        pending = [i for i, r in enumerate(read) if r is None and group_key(items[i]) not in failed]
+        for i, r in enumerate(read):
+            if r is None and group_key(items[i]) in failed:
+                notes[i] = "not matched: another copy already wrong"
+        if complete is not None and pending:
+            replies = ask(complete, [matching_prompt(f"{items[i].hint} {items[i].question}".strip(),
+                                                     items[i].options, predictions[i] or "") for i in pending])
+            for i, reply in zip(pending, replies):
+                read[i] = read_matching_reply(reply, items[i].options)
+                notes[i] = "llm match" if read[i] else "unmatched"
+        else:
+            for i in pending:
+                notes[i] = "unmatched"
+        return [Scored(it.index, r or "", float(r is not None and r == g), n)
+                for it, r, g, n in zip(items, read, golds, notes)]
+
+    def units(self, items: list[BenchItem], scored: list[Scored]) -> list[Unit]:
+        check_lengths(items, scored, "scores")
+        groups: dict[str, list[tuple[BenchItem, Scored]]] = {}
+        for it, s in zip(items, scored):
+            groups.setdefault(group_key(it), []).append((it, s))
+        units = []
+        for key, members in groups.items():
+            first = members[0][0]
+            right = all(s.score >= 1.0 for _, s in members)
+            units.append(Unit(id=key, score=float(right), category=first.category, difficulty=first.difficulty))
+        return units

@@ -1,0 +1,115 @@
+"""MM-Vet and MM-Vet v2: an LLM grader gives each answer a correctness score in [0, 1]."""
+from __future__ import annotations
+
+import re
+
+from protege.eval.items import BenchItem, Scored
+from protege.eval.scorers.base import (
+    Completer,
+    ItemScorer,
+    ask,
+    check_lengths,
+    normalize_text,
+    words_to_digits,
+)
+
+GRADER_PROMPT = """Grade how correct an AI model's answer is, compared with the ground truth. In the ground truth, \
+<AND> joins parts that must all appear in the answer for it to be fully right, and <OR> joins alternatives, any \
+one of which makes it fully right. Partly right answers get partial credit. The correctness is one of 0.0 \
+(wrong), 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9 or 1.0 (fully right). Reply with the correctness of the \
+last row only.
+
+Question | Ground truth | Prediction | Correctness
+--- | --- | --- | ---
+How many apples are on the plate? | 3 | There are three apples on the plate. | 1.0
+How many apples are on the plate? | 3 | I count four apples. | 0.0
+Which two cities are marked on the map? | Paris <AND> Berlin | Only Paris is marked. | 0.5
+Which two cities are marked on the map? | Paris <AND> Berlin | Berlin and Paris are marked. | 1.0
+Which two cities are marked on the map? | Paris <AND> Berlin | Paris and Rome. | 0.5
+What is the man holding? | umbrella <OR> parasol | He is holding a parasol. | 1.0
+What is the man holding? | umbrella <OR> parasol | A walking stick. | 0.0
+Why is this cartoon funny? | The cat is scared of a tiny mouse although cats hunt mice: the roles are reversed. \
+| It shows a cat and a mouse. | 0.2
+Why is this cartoon funny? | The cat is scared of a tiny mouse although cats hunt mice: the roles are reversed. \
+| The joke is the role reversal: a big cat runs from the small mouse it would normally chase. | 1.0
+"""
+
+RULE_NOTE = "rule judge: not comparable to published MM-Vet"
+_SCORE = re.compile(r"(?:0(?:\.\d+)?|1(?:\.0+)?|\.\d+)")
+
+
+def grader_prompt(item: BenchItem, prediction: str) -> str:
+    gold = item.answer.replace("<AND>", " <AND> ").replace("<OR>", " <OR> ")
+    gold = " ".join(gold.split())
+    return f"{GRADER_PROMPT}{item.question.strip()} | {gold} | {prediction.strip()} |"
+
+
+def parse_grade(reply: str) -> float | None:
+    """The reply's first token as a float in [0, 1]; None for anything else ('0.5/1', 'high', '1.5')."""
+    tokens = reply.strip().split()
+    if not tokens:
+        return None
+    token = tokens[0].rstrip(".,;") if tokens[0] not in ("0.", "1.") else tokens[0][:-1]
+    return float(token) if _SCORE.fullmatch(token) else None
+
+
+def rule_grade(answer: str, prediction: str) -> float:
+    """Without an LLM: 1.0 if the normalised answer (any <OR> alternative, or every <AND> part) appears
+    as whole words in the prediction or equals it; 0.5 if some <AND> parts appear, or at least half the
+    content words of a long (4+ word) answer; else 0.0."""
+    pred = f" {normalize_text(words_to_digits(prediction))} "
+
+    def present(part: str) -> bool:
+        norm = normalize_text(words_to_digits(part))
+        return bool(norm) and f" {norm} " in pred
+
+    def grade_and(text: str) -> float:
+        parts = [p for p in text.split("<AND>") if p.strip()]
+        hits = sum(present(p) for p in parts)
+        return 1.0 if parts and hits == len(parts) else 0.5 if hits else 0.0
+
+    if "<OR>" in answer:
+        return max(grade_and(alt) for alt in answer.split("<OR>") if alt.strip())
+    if "<AND>" in answer:
+        return grade_and(answer)
+    if present(answer):
+        return 1.0
+    words = {w for w in normalize_text(answer).split() if len(w) > 3}
+    if len(answer.split()) >= 4 and words:
+        overlap = len(words & set(pred.split())) / len(words)
+        return 0.5 if overlap >= 0.5 else 0.0
+    return 0.0
+
+
+class MMVetScorer(ItemScorer):
+    """MM-Vet (lmms-eval `mmvet`) / MM-Vet v2 (lmms-eval `mmvetv2`): a grader LLM completes a few-shot
+    table 'question | ground truth | prediction | correctness' (our wording of the MM-Vet grader, same
+    scale and <AND>/<OR> rules); the reply's first token must be a float in [0, 1]. Unparsable replies
+    are asked again once (one batched call for all of them; lmms-eval retries at a higher temperature),
+    then score 0 with note "judge reply unparsable". Benchmark score = mean x 100 (the report scales).
+    With `complete` None, `rule_grade` scores instead and every item is noted "rule judge: not
+    comparable to published MM-Vet". Units carry the item's category, else its capabilities."""
+
+    def __init__(self, benchmark: str = "mmvet"):
+        super().__init__(benchmark, f"lmms-eval: {'mmvetv2' if benchmark == 'mmvet_v2' else 'mmvet'} "
+                                    "LLM grader, correctness 0.0-1.0 with <AND>/<OR>")
+
+    def unit_category(self, item: BenchItem) -> str:
+        caps = item.meta.get("capability") or []
+        return item.category or (",".join(caps) if isinstance(caps, list) else str(caps))
+
+    def score(self, items: list[BenchItem], predictions: list[str],
+              complete: Completer | None = None) -> list[Scored]:
+        check_lengths(items, predictions, "predictions")
+        preds = [p or "" for p in predictions]
+        if complete is None:
+            return [Scored(it.index, p.strip()[:200], rule_grade(it.answer, p), RULE_NOTE)
+                    for it, p in zip(items, preds)]
+        prompts = [grader_prompt(it, p) for it, p in zip(items, preds)]
+        grades = [parse_grade(r) for r in ask(complete, prompts)]
+        retry = [i for i, g in enumerate(grades) if g is None]
+        for i, reply in zip(retry, ask(complete, [prompts[i] for i in retry])):
+            grades[i] = parse_grade(reply)
+        return [Scored(it.index, p.strip()[:200], g if g is not None else 0.0,
+                       "judge" if g is not None else "judge reply unparsable")
+                for it, p, g in zip(items, preds, grades)]

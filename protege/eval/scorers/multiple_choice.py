@@ -1,0 +1,197 @@
+"""Plain multiple choice (one unit per question): AI2D, MMStar, RealWorldQA, BLINK, SEED-Bench, SEED-Bench-2-Plus.
+
+Under the lmms-eval protocol every scorer reads the letter with `letters.read_letter` (several different
+letters -> no answer, score 0) and never asks an LLM: lmms-eval has no LLM step for these tasks, so
+`complete` is ignored. Where a harness would pick a random letter we score 0 with note "no option found".
+"""
+from __future__ import annotations
+
+import re
+
+from protege.errors import UserFacingError
+from protege.eval.items import BenchItem, Scored
+from protege.eval.scorers.base import (
+    Completer,
+    ItemScorer,
+    ask,
+    check_lengths,
+    normalize_text,
+    words_to_digits,
+)
+from protege.eval.scorers.letters import (
+    matching_prompt,
+    options_from_question,
+    read_letter,
+    read_matching_reply,
+    vlmevalkit_letter,
+)
+
+
+def gold_letter(item: BenchItem, options: dict[str, str]) -> str:
+    """The gold letter, '(A)' read as 'A' (BLINK writes its answers that way)."""
+    gold = item.answer.strip().strip("()").strip().upper()
+    if gold not in options:
+        raise UserFacingError(f"{item.where}: gold answer {item.answer!r} is not one of the option letters "
+                              f"{', '.join(options)}")
+    return gold
+
+
+class ChoiceScorer(ItemScorer):
+    """Option-letter accuracy with `read_letter`; subclasses name the lmms-eval rule they stand in for."""
+
+    several = "reject"
+
+    def options_of(self, item: BenchItem) -> dict[str, str]:
+        return item.options
+
+    def score_open(self, item: BenchItem, prediction: str) -> Scored:
+        raise UserFacingError(f"{item.where}: a {self.benchmark} question needs options (letter -> text); "
+                              "this one has none")
+
+    def score(self, items: list[BenchItem], predictions: list[str],
+              complete: Completer | None = None) -> list[Scored]:
+        check_lengths(items, predictions, "predictions")
+        out = []
+        for item, pred in zip(items, predictions):
+            options = self.options_of(item)
+            if not options:
+                out.append(self.score_open(item, pred or ""))
+                continue
+            gold = gold_letter(item, options)
+            letter, note = read_letter(pred or "", options, self.several)
+            out.append(Scored(item.index, letter or "", float(letter == gold), note))
+        return out
+
+
+class AI2DScorer(ChoiceScorer):
+    """lmms-eval `ai2d`: exact match of the response (case and punctuation ignored) after taking the
+    letter of a leading 'B.'. We read the letter with `read_letter`, which agrees on such responses and
+    also reads 'Answer: B' or the option text, which lmms-eval scores 0."""
+
+
+class MMStarScorer(ChoiceScorer):
+    """lmms-eval `mmstar` (MMStar's own exact_match): the first character, or the character after '(',
+    'option ' or 'the answer is ', equals the gold letter; the reported average is the mean over the
+    18 L2 categories of their accuracies (macro). VLMEvalKit reports the plain mean over questions
+    (micro); we follow lmms-eval, so units carry `l2_category` and aggregate is macro."""
+
+    aggregate = "macro"
+
+    def unit_category(self, item: BenchItem) -> str:
+        return item.l2_category or item.category
+
+
+class BlinkScorer(ChoiceScorer):
+    """lmms-eval `blink`: a letter at the very start of the response ('(B)', 'B.', 'b') equals the gold
+    '(B)' with its parentheses dropped. lmms-eval's regex also reads 'Apple' as A; `read_letter`
+    does not."""
+
+
+class SeedBenchScorer(ChoiceScorer):
+    """lmms-eval `seedbench`: the first character of the stripped response equals the gold letter
+    (case-sensitive). We agree on responses that start with the letter and read the rest with
+    `read_letter`, never taking the first letter of a word."""
+
+
+class SeedBench2PlusScorer(ChoiceScorer):
+    """lmms-eval `seedbench_2_plus`: as SEED-Bench, first character, compared case-insensitively."""
+
+
+class RealWorldQAScorer(ChoiceScorer):
+    """lmms-eval `realworldqa`: number words mapped to digits, the option text mapped to its letter
+    (options parsed from 'A. text' lines in the question), then exact match ignoring case, punctuation
+    and a trailing period. Multiple-choice questions (options given, or written in the question text)
+    are read with `read_letter`. Open questions (yes/no, counts) compare the normalised response with
+    the gold; we also accept the response's first word ('Yes, it is.' / '3 cars') and an explicit
+    'the answer is X', which lmms-eval scores 0."""
+
+    def options_of(self, item: BenchItem) -> dict[str, str]:
+        if item.options:
+            return item.options
+        options = options_from_question(item.question)
+        gold = item.answer.strip().strip("()").strip().upper()
+        return options if gold in options else {}
+
+    def score_open(self, item: BenchItem, prediction: str) -> Scored:
+        read, ok = open_answer(prediction, item.answer)
+        return Scored(item.index, read, float(ok))
+
+
+_STATED = re.compile(r"(?i)\banswer\s*(?:is|:)\s*(.+)$")
+
+
+def open_answer(prediction: str, gold: str) -> tuple[str, bool]:
+    """(what was read, equal?) for short open answers: whole response, its first word, or 'answer is X'."""
+    g = normalize_text(words_to_digits(gold))
+    resp = normalize_text(words_to_digits(prediction))
+    if not resp:
+        return "", False
+    stated = _STATED.search(words_to_digits(prediction))
+    candidates = [resp, resp.split()[0]]
+    if stated:
+        said = normalize_text(stated.group(1))
+        candidates += [said, said.split()[0] if said else ""]
+    for cand in candidates:
+        if cand == g or _same_number(cand, g):
+            return cand, True
+    return candidates[-1] if stated else resp, False
+
+
+def _same_number(a: str, b: str) -> bool:
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
+
+
+class VLMEvalKitChoiceScorer(ItemScorer):
+    """VLMEvalKit multiple choice (`can_infer`, then its ChatGPT matching step): a letter counts when it
+    is a whitespace token after '.()[],:;!*#{}' become spaces; exactly one option letter -> it; else
+    exactly one option text contained in the response -> it; else the `complete` matcher if given
+    (one batched call), else score 0 with note "unmatched". Overall accuracy is the plain mean over
+    questions (micro). Questions without options (MMMU open, RealWorldQA open) are scored by the
+    benchmark's lmms-eval rule, passed in as `open_scorer`."""
+
+    def __init__(self, benchmark: str, open_scorer: ItemScorer):
+        super().__init__(benchmark, "vlmevalkit: can_infer token/text matching, LLM matching fallback")
+        self.open_scorer = open_scorer
+
+    def options_of(self, item: BenchItem) -> dict[str, str]:
+        if isinstance(self.open_scorer, ChoiceScorer):
+            return self.open_scorer.options_of(item)
+        return item.options
+
+    def score(self, items: list[BenchItem], predictions: list[str],
+              complete: Completer | None = None) -> list[Scored]:
+        check_lengths(items, predictions, "predictions")
+        out: list[Scored | None] = [None] * len(items)
+        open_at, undecided = [], []
+        for i, (item, pred) in enumerate(zip(items, predictions)):
+            options = self.options_of(item)
+            if not options:
+                open_at.append(i)
+                continue
+            gold = gold_letter(item, options)
+            letter = vlmevalkit_letter(pred or "", options)
+            if letter:
+                out[i] = Scored(item.index, letter, float(letter == gold))
+            else:
+                undecided.append(i)
+        if open_at:
+            opened = self.open_scorer.score([items[i] for i in open_at], [predictions[i] for i in open_at],
+                                            complete)
+            for i, s in zip(open_at, opened):
+                out[i] = s
+        replies = [""] * len(undecided)
+        if complete is not None:
+            replies = ask(complete, [matching_prompt(items[i].question, self.options_of(items[i]),
+                                                     predictions[i] or "") for i in undecided])
+        for i, reply in zip(undecided, replies):
+            options = self.options_of(items[i])
+            letter = read_matching_reply(reply, options) if complete is not None else None
+            if letter:
+                out[i] = Scored(items[i].index, letter, float(letter == gold_letter(items[i], options)),
+                                "llm match")
+            else:
+                out[i] = Scored(items[i].index, "", 0.0, "unmatched")
+        return [s for s in out if s is not None]

@@ -1,0 +1,94 @@
+"""The benchmark suite of a run: where its files are, answering and scoring them for one model, and the
+model's summary (per-benchmark scores with CIs, the 14-benchmark average, tokens and latency)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from protege.config import EvaluateConfig, TeacherSpec
+from protege.errors import UserFacingError
+from protege.eval.items import BENCHMARKS, BenchItem
+from protege.eval.readers import read_benchmark
+from protege.eval.runner import generate_predictions
+from protege.eval.score import score_benchmark, write_predictions, write_scores
+from protege.eval.stats import average_ci
+from protege.paths import MINI_BENCHMARKS
+from protege.teachers.backends import TeacherAnswer, TeacherRequest
+from protege.world.benchmarks import FORMATS, SUFFIX
+
+Completer = Callable[[list[str]], list[str]]
+
+
+def mini_file(name: str) -> Path:
+    """Each in its own folder: MM-Vet's JSON keeps its images in an images/ folder beside it."""
+    return MINI_BENCHMARKS / name / f"{name}{SUFFIX[FORMATS[name]]}"
+
+
+def benchmark_files(cfg: EvaluateConfig, root: Path) -> dict[str, Path]:
+    """Benchmark name -> file, in the paper's order."""
+    if cfg.benchmarks == "mini":
+        return {name: root / mini_file(name) for name in BENCHMARKS}
+    chosen = {name: Path(p) if Path(p).is_absolute() else root / p for name, p in cfg.benchmarks.items()}
+    return {name: chosen[name] for name in BENCHMARKS if name in chosen}
+
+
+def load_suite(files: dict[str, Path], only: list[str] | None = None) -> dict[str, list[BenchItem]]:
+    if only:
+        unknown = sorted(set(only) - set(files))
+        if unknown:
+            raise UserFacingError(f"benchmark(s) {unknown} are not in this suite; available: {', '.join(files)}")
+    suite = {}
+    for name, path in files.items():
+        if only and name not in only:
+            continue
+        suite[name] = read_benchmark(name, path)
+    return suite
+
+
+def completer_for(spec: TeacherSpec | None, root: Path, seed: int) -> Completer | None:
+    """A text LLM as a judge / answer extractor, from a teacher spec; None keeps scoring rule-based."""
+    if spec is None:
+        return None
+    from protege.teachers.factory import build_teacher
+
+    backend = build_teacher(spec, root, error_rate=0.0, seed=seed)
+
+    def complete(prompts: list[str]) -> list[str]:
+        replies: dict[str, str] = {}
+
+        def collect(outcome) -> None:
+            if isinstance(outcome, TeacherAnswer):
+                replies[outcome.key] = outcome.text
+
+        backend.run([TeacherRequest(str(i), str(i), p) for i, p in enumerate(prompts)], collect)
+        return [replies.get(str(i), "") for i in range(len(prompts))]  # a failed request reads as unparsable
+
+    return complete
+
+
+def evaluate_model(model, processor, suite: dict[str, list[BenchItem]], cfg: EvaluateConfig, out_dir: Path,
+                   complete: Completer | None = None, seed: int = 0, log=print) -> dict:
+    """Answers and scores every benchmark of the suite; writes predictions, scored items and units per
+    benchmark under out_dir/NAME/ and returns the model's summary."""
+    results, units_by_bench = {}, {}
+    tokens = latency = answers = wall = 0.0
+    for name, items in suite.items():
+        t0 = time.perf_counter()
+        preds = generate_predictions(model, processor, items, cfg.batch_size, cfg.max_new_tokens)
+        wall += time.perf_counter() - t0
+        write_predictions(out_dir / name / "predictions.jsonl", preds)
+        summary, rows, units = score_benchmark(name, items, {p.index: p for p in preds}, cfg.protocol, complete,
+                                               cfg.bootstrap, seed)
+        write_scores(out_dir / name, summary, rows, units)
+        results[name] = summary
+        units_by_bench[name] = (units, summary["aggregate"])
+        tokens += sum(p.tokens for p in preds)
+        latency += sum(p.latency_s for p in preds)
+        answers += len(preds)
+        lo, hi = summary["ci"]
+        log(f"{name}: {summary['score']:.1f} [{lo:.1f}, {hi:.1f}] on {summary['items']} items")
+    avg, lo, hi = average_ci(units_by_bench, cfg.bootstrap, seed)
+    return {"average": avg, "average_ci": [lo, hi], "benchmarks": results,
+            "mean_tokens": tokens / max(answers, 1), "mean_latency_s": latency / max(answers, 1),
+            "seconds_per_answer": wall / max(answers, 1), "answers": int(answers)}

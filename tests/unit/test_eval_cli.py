@@ -1,0 +1,95 @@
+"""`protege eval score` on hand-made benchmark files: the score computed by hand, and bad input."""
+import base64
+import io
+import json
+
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from protege.cli import app
+
+HEADER = ["index", "image", "question", "hint", "A", "B", "C", "D", "answer", "category", "l2-category", "split"]
+
+
+def png_b64(colour=(200, 30, 30)) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), colour).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def tsv(rows: list[dict]) -> str:
+    lines = ["\t".join(HEADER)]
+    for r in rows:
+        lines.append("\t".join(str(r.get(c, "")) for c in HEADER))
+    return "\n".join(lines) + "\n"
+
+
+def row(index, answer, image=None, **kw):
+    return {"index": index, "image": image or png_b64(), "question": "Which shape is shown?", "A": "circle",
+            "B": "square", "C": "triangle", "D": "star", "answer": answer, "category": "shapes", "split": "dev", **kw}
+
+
+def predictions(pairs) -> str:
+    return "".join(json.dumps({"index": i, "prediction": p}) + "\n" for i, p in pairs)
+
+
+def score(tmp_path, benchmark, data_text, preds_text, suffix=".tsv"):
+    data = tmp_path / f"bench{suffix}"
+    data.write_text(data_text)
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(preds_text)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["eval", "score", "--benchmark", benchmark, "--data", str(data),
+                                   "--predictions", str(preds), "--out", str(out), "--bootstrap", "200"])
+    return res, out
+
+
+def test_ai2d_score_matches_hand_count(tmp_path):
+    data = tsv([row(1, "A"), row(2, "C"), row(3, "D"), row(4, "B"), row(5, "D")])
+    # 1 right, 2 right ("(C)"), 3 wrong (B for D), 4 wrong (no letter), 5 right -> 3 / 5 = 60.0
+    preds = predictions([(1, "A"), (2, "The answer is (C)."), (3, "B"), (4, "I cannot tell."), (5, "D")])
+    res, out = score(tmp_path, "ai2d", data, preds)
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["score"] == pytest.approx(60.0) and summary["items"] == 5
+    assert summary["ci"][0] <= 60.0 <= summary["ci"][1]
+    rows = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
+    assert [r["score"] for r in rows] == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert [r["extracted"] for r in rows][:3] == ["A", "C", "B"]
+    assert "ai2d: 60.00" in res.output
+
+
+def test_mmbench_circular_copies_count_together(tmp_path):
+    rows, preds = [], []
+    for q, gold in ((0, "A"), (1, "B")):
+        for k in range(4):
+            index = q + k * 1_000_000
+            letter = "ABCD"[("ABCD".index(gold) + k) % 4]
+            rows.append(row(index, letter))
+            wrong = q == 1 and k == 2  # one rotated copy of question 1 answered wrongly
+            preds.append((index, "A" if wrong and letter != "A" else "B" if wrong else letter))
+    res, out = score(tmp_path, "mmbench", tsv(rows), predictions(preds))
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["items"] == 8 and summary["units"] == 2
+    assert summary["score"] == pytest.approx(50.0)  # question 0 counts, question 1 does not
+
+
+def test_missing_predictions_are_named(tmp_path):
+    data = tsv([row(i, "A") for i in range(1, 6)])
+    res, _ = score(tmp_path, "ai2d", data, predictions([(1, "A"), (2, "A"), (4, "A")]))
+    assert res.exit_code == 1
+    assert "no prediction for 2 of 5" in res.output and "index 3" in res.output and "index 5" in res.output
+
+
+def test_undecodable_image_is_named(tmp_path):
+    data = tsv([row(1, "A"), row(2, "B", image="bm90IGFuIGltYWdl"), row(3, "C")])
+    res, _ = score(tmp_path, "ai2d", data, predictions([(1, "A"), (2, "B"), (3, "C")]))
+    assert res.exit_code == 1 and "2" in res.output and "image" in res.output.lower()
+
+
+def test_answer_letter_beyond_options_is_named(tmp_path):
+    data = tsv([row(1, "A"), row(2, "E"), row(3, "C")])
+    res, _ = score(tmp_path, "ai2d", data, predictions([(1, "A"), (2, "E"), (3, "C")]))
+    assert res.exit_code == 1 and "E" in res.output and "2" in res.output

@@ -1,0 +1,406 @@
+"""Benchmark-protocol scorers: hand-computed expectations for the tricky answer shapes."""
+from __future__ import annotations
+
+import pytest
+
+from protege.errors import UserFacingError
+from protege.eval.items import BENCHMARKS, BenchItem
+from protege.eval.scorers import scorer_for
+from protege.eval.scorers.chartqa import relaxed_match
+from protege.eval.scorers.letters import (
+    lmms_mmbench_letter,
+    read_letter,
+    vlmevalkit_letter,
+)
+from protege.eval.scorers.mmvet import RULE_NOTE, parse_grade, rule_grade
+
+FRUIT = {"A": "Apple", "B": "Pear", "C": "Plum", "D": "Fig"}
+
+
+def mc(benchmark="ai2d", answer="B", options=None, index="1", **kw) -> BenchItem:
+    return BenchItem(benchmark=benchmark, index=index, question="Which fruit is shown?", images=[],
+                     answer=answer, options=dict(FRUIT if options is None else options), **kw)
+
+
+def open_item(benchmark, answer, index="1", question="Q?", **kw) -> BenchItem:
+    return BenchItem(benchmark=benchmark, index=index, question=question, images=[], answer=answer, **kw)
+
+
+def scores(benchmark, items, preds, protocol="lmms-eval", complete=None):
+    return [s.score for s in scorer_for(benchmark, protocol).score(items, preds, complete)]
+
+
+class FakeLLM:
+    """Test double for an external LLM: canned replies, records each batched call."""
+
+    def __init__(self, *batches):
+        self.batches = list(batches)
+        self.calls: list[list[str]] = []
+
+    def __call__(self, prompts):
+        self.calls.append(list(prompts))
+        return self.batches.pop(0)
+
+
+# --- option letters (lmms-eval family) -------------------------------------------------------------
+
+@pytest.mark.parametrize("response,expected", [
+    ("B", "B"), ("b", "B"), ("(B)", "B"), ("B.", "B"), ("B)", "B"), ("[B]", "B"), ("**B**", "B"),
+    ("B. Pear", "B"), ("Answer: B", "B"), ("The answer is C", "C"), ("the correct option is (d)", "D"), ("Correct choice: C", "C"),
+    ("I think it's B", "B"), ("I think the answer is C.", "C"), ("A is correct", "A"),
+    ("答案是C", "C"), ("B because the skin is green", "B"), ("It is a B-52 bomber, so C", "C"),
+])
+def test_read_letter_reads(response, expected):
+    assert read_letter(response, FRUIT)[0] == expected
+
+
+@pytest.mark.parametrize("response,note", [
+    ("A cat sits on the table", "no option found"),       # article, not option A
+    ("I think so", "no option found"),                      # pronoun, not option I
+    ("E", "letter E beyond options"),
+    ("The answer is E.", "letter E beyond options"),
+    ("A and C", "several letters: A, C"),
+    ("Option B is better than option C", "several letters: B, C"),
+    ("It is B, not C", "several letters: B, C"),
+    ("", "empty response"),
+])
+def test_read_letter_refuses(response, note):
+    assert read_letter(response, FRUIT) == (None, note)
+
+
+def test_letter_inside_words_and_option_text():
+    # "Apple" holds no standalone letter; it is option A's text.
+    assert read_letter("Apple", FRUIT) == ("A", "option text")
+    assert read_letter("It looks like a pear.", FRUIT) == ("B", "option text")
+    # Two option texts named: no answer.
+    assert read_letter("Either apple or pear", FRUIT)[0] is None
+    # "dark red" also contains "red": the longer text wins.
+    assert read_letter("dark red", {"A": "red", "B": "dark red", "C": "blue"})[0] == "B"
+
+
+def test_ten_options_i_think():
+    options = {chr(ord("A") + i): f"option {i}" for i in range(10)}
+    assert read_letter("I think the answer is J", options)[0] == "J"
+    assert read_letter("I", options)[0] == "I"          # a bare "I" is the letter
+    assert read_letter("I believe so", options)[0] is None
+
+
+def test_several_letters_policy():
+    assert read_letter("B or maybe C", FRUIT, several="last")[0] == "C"
+    assert read_letter("B or maybe C", FRUIT, several="first")[0] == "B"
+    assert read_letter("B or maybe C", FRUIT, several="reject")[0] is None
+
+
+@pytest.mark.parametrize("benchmark", ["ai2d", "mmstar", "blink", "seedbench", "seedbench2_plus"])
+def test_plain_mc_benchmarks(benchmark):
+    items = [mc(benchmark, "B", index=str(i)) for i in range(6)]
+    preds = ["B", "(b)", "Apple", "A and B", "The answer is B.", "E"]
+    out = scorer_for(benchmark).score(items, preds)
+    assert [s.score for s in out] == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    assert [s.extracted for s in out] == ["B", "B", "A", "", "B", ""]
+    assert out[3].note == "several letters: A, B"
+    assert out[5].note == "letter E beyond options"
+
+
+def test_blink_gold_in_parentheses():
+    assert scores("blink", [mc("blink", "(C)")], ["(C) Plum"]) == [1.0]
+
+
+def test_gold_not_an_option_is_user_error():
+    with pytest.raises(UserFacingError, match="row 7"):
+        scorer_for("ai2d").score([mc(answer="F", source="ai2d.tsv", row=7)], ["A"])
+
+
+def test_lmms_eval_mc_ignores_complete():
+    llm = FakeLLM(["B"])
+    assert scores("ai2d", [mc()], ["no idea"], complete=llm) == [0.0]
+    assert llm.calls == []
+
+
+# --- RealWorldQA -----------------------------------------------------------------------------------
+
+def test_realworldqa_open_and_inline_options():
+    q_mc = "Which way is the car facing?\nA. left\nB. right\nC. towards us\nPlease answer directly with only the letter."
+    items = [
+        open_item("realworldqa", "Yes", "1"),
+        open_item("realworldqa", "5", "2"),
+        open_item("realworldqa", "5", "3"),
+        open_item("realworldqa", "3", "4"),
+        open_item("realworldqa", "B", "5", question=q_mc),
+        open_item("realworldqa", "B", "6", question=q_mc),
+        open_item("realworldqa", "No", "7"),
+    ]
+    preds = ["yes.", "five", "5 cars", "4", "B.", "right", "Yes, it is."]
+    assert scores("realworldqa", items, preds) == [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+
+
+def test_realworldqa_options_given_by_reader():
+    assert scores("realworldqa", [mc("realworldqa", "D")], ["D"]) == [1.0]
+
+
+# --- MMStar aggregate -------------------------------------------------------------------------------
+
+def test_mmstar_macro_over_l2_categories():
+    s = scorer_for("mmstar")
+    assert s.aggregate == "macro"
+    items = [mc("mmstar", "A", index="1", category="math", l2_category="geometry"),
+             mc("mmstar", "A", index="2", category="math", l2_category="geometry"),
+             mc("mmstar", "A", index="3", category="math", l2_category="geometry"),
+             mc("mmstar", "A", index="4", category="math", l2_category="statistics")]
+    units = s.units(items, s.score(items, ["A", "A", "A", "B"]))
+    assert [u.category for u in units] == ["geometry"] * 3 + ["statistics"]
+    # macro: (3/3 + 0/1) / 2 = 0.5, while micro would be 3/4
+    by_cat: dict[str, list[float]] = {}
+    for u in units:
+        by_cat.setdefault(u.category, []).append(u.score)
+    assert sum(sum(v) / len(v) for v in by_cat.values()) / len(by_cat) == 0.5
+    assert sum(u.score for u in units) / len(units) == 0.75
+    v = scorer_for("mmstar", "vlmevalkit")
+    assert v.aggregate == "micro"
+    assert [u.category for u in v.units(items, v.score(items, ["A"] * 4))] == ["math"] * 4
+
+
+def test_micro_default():
+    for b in ("ai2d", "chartqa", "mathvista", "mmmu", "mmvet", "mmbench"):
+        assert scorer_for(b).aggregate == "micro"
+
+
+# --- MMBench CircularEval ---------------------------------------------------------------------------
+
+def _rotations(group="7", category="ocr"):
+    """Four copies of "What animal?" (right: cat) with the options rotated; gold follows the cat."""
+    texts = ["cat", "dog", "owl", "fox"]
+    items = []
+    for k in range(4):
+        options = dict(zip("ABCD", texts[k:] + texts[:k]))
+        gold = next(letter for letter, text in options.items() if text == "cat")
+        items.append(BenchItem("mmbench", str(int(group) + k * 1_000_000), "What animal?", [], gold, options,
+                               category=category, group=group))
+    return items
+
+
+def test_rotation_golds():
+    assert [it.answer for it in _rotations()] == ["A", "D", "C", "B"]
+
+
+def test_circular_group_needs_every_copy():
+    s = scorer_for("mmbench")
+    items = _rotations("7") + _rotations("8", category="attr")
+    preds = ["A", "D", "C", "B", "A", "D", "A", "B"]   # group 8 misses its third copy
+    scored = s.score(items, preds)
+    assert [x.score for x in scored] == [1, 1, 1, 1, 1, 1, 0, 1]
+    units = s.units(items, scored)
+    assert [(u.id, u.score, u.category) for u in units] == [("7", 1.0, "ocr"), ("8", 0.0, "attr")]
+
+
+def test_circular_llm_fallback_one_batch_and_skips_failed_groups():
+    items = _rotations("7") + _rotations("8")
+    # group 7: copy 2 read by option text ("cat" is D there), copies 3 and 4 need the matcher;
+    # group 8: copy 1 already wrong, so its unreadable copy 2 is never sent.
+    preds = ["A", "It is a cat", "the furry one", "hmm", "B", "no idea", "C", "B"]
+    llm = FakeLLM(["C", "Z"])
+    scored = scorer_for("mmbench").score(items, preds, llm)
+    assert len(llm.calls) == 1 and len(llm.calls[0]) == 2
+    assert "Answer: the furry one" in llm.calls[0][0]
+    assert [x.score for x in scored] == [1, 1, 1, 0, 0, 0, 1, 1]
+    assert [x.note for x in scored[:4]] == ["", "", "llm match", "unmatched"]
+    assert scored[5].note == "not matched: another copy already wrong"
+    units = scorer_for("mmbench").units(items, scored)
+    assert [u.score for u in units] == [0.0, 0.0]
+
+
+def test_circular_without_complete_is_unmatched():
+    scored = scorer_for("mmbench_cn").score(_rotations("7"), ["A", "D", "C", "不知道"])
+    assert scored[3].score == 0.0 and scored[3].note == "unmatched"
+
+
+def test_lmms_mmbench_quantifier_guard():
+    opts = {"A": "cat", "B": "dog"}
+    assert lmms_mmbench_letter("A", opts) == "A"
+    assert lmms_mmbench_letter("I see A small animal", opts) is None   # bare "A" in a long response
+    assert lmms_mmbench_letter("The answer is A.", opts) == "A"         # punctuated form still reads
+
+
+# --- VLMEvalKit protocol ----------------------------------------------------------------------------
+
+def test_vlmevalkit_token_and_text_matching():
+    assert vlmevalkit_letter("B", FRUIT) == "B"
+    assert vlmevalkit_letter("The answer is (C).", FRUIT) == "C"
+    assert vlmevalkit_letter("Apple", FRUIT) == "A"          # no letter token; option text
+    assert vlmevalkit_letter("A or B", FRUIT) is None         # two letter tokens, no option text
+    assert vlmevalkit_letter("b", FRUIT) is None              # lowercase is not a token match
+
+
+def test_vlmevalkit_llm_fallback_once():
+    items = [mc(index=str(i)) for i in range(4)]
+    preds = ["B", "A or B", "maybe the green one", "???"]
+    llm = FakeLLM(["A", "B", "Z"])
+    out = scorer_for("seedbench", "vlmevalkit").score(items, preds, llm)
+    assert len(llm.calls) == 1 and len(llm.calls[0]) == 3              # "B" was matched by rule
+    assert "Answer: maybe the green one" in llm.calls[0][1]
+    assert [s.score for s in out] == [1.0, 0.0, 1.0, 0.0]
+    assert [s.note for s in out] == ["", "llm match", "llm match", "unmatched"]
+
+
+def test_vlmevalkit_without_complete():
+    out = scorer_for("ai2d", "vlmevalkit").score([mc(), mc(index="2")], ["A or B", "Pear"])
+    assert [(s.score, s.note) for s in out] == [(0.0, "unmatched"), (1.0, "")]
+
+
+def test_vlmevalkit_mmmu_open_question_uses_mmmu_rule():
+    items = [open_item("mmmu", "42", meta={"question_type": "open"})]
+    assert scores("mmmu", items, ["The result is 42."], protocol="vlmevalkit") == [1.0]
+
+
+# --- ChartQA ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pred,target,ok", [
+    ("104", "100", True), ("105", "100", True), ("106", "100", False), ("95", "100", True),
+    ("45%", "45%", True), ("0.45", "45%", True),      # lmms-eval: '45%' reads as 0.45
+    ("45%", "45", False), ("45", "45%", False),
+    ("1,234", "1234", True), ("1,300", "1234", False), ("1,234.5", "1234", True),
+    ("0", "0", True), ("0.0", "0", False), ("0.01", "0", False),   # zero target: exact string match
+    ("Yes", "yes", True), ("Yes.", "yes", True), ("five", "5", False), ("Blue", "Red", False),
+])
+def test_chartqa_relaxed(pred, target, ok):
+    assert relaxed_match(pred, target) is ok
+
+
+def test_chartqa_best_over_answers():
+    item = open_item("chartqa", "10", meta={"answers": ["10", "ten"]})
+    assert scores("chartqa", [item, open_item("chartqa", "10")], ["ten", "ten"]) == [1.0, 0.0]
+
+
+# --- MathVista --------------------------------------------------------------------------------------
+
+def mv(answer, qtype="free_form", atype="integer", precision=None, choices=None, index="1"):
+    return open_item("mathvista", answer, index, question="What is x?",
+                     meta={"question_type": qtype, "answer_type": atype, "precision": precision,
+                           "choices": choices, "unit": ""})
+
+
+def test_mathvista_rules():
+    choices = ["3 cm", "5 cm", "7 cm"]
+    items = [mv("5"), mv("5", index="2"), mv("1.25", atype="float", precision=2, index="3"),
+             mv("1.3", atype="float", precision=1, index="4"), mv("5 cm", "multi_choice", "text", choices=choices, index="5"),
+             mv("5 cm", "multi_choice", "text", choices=choices, index="6"),
+             mv("[2007, 2008]", atype="list", index="7"), mv("1200", index="8"), mv("5", index="9")]
+    preds = ["5", "There are five apples.", "The value is 1.249.", "1.33", "(B)", "5 cm",
+             "It peaks between [2007, 2008].", "The total is 1,200 dollars", ""]
+    out = scorer_for("mathvista").score(items, preds)
+    assert [s.score for s in out] == [1, 1, 1, 1, 1, 1, 1, 1, 0]
+    assert out[2].extracted == "1.25" and out[4].extracted == "5 cm"
+    assert out[8].note == "empty response"
+
+
+def test_mathvista_without_complete_takes_last_number():
+    out = scorer_for("mathvista").score([mv("8")], ["First 3 then 5, so 8"])
+    assert (out[0].score, out[0].note) == (1.0, "last number")
+    out = scorer_for("mathvista").score([mv("5 cm", "multi_choice", "text", choices=["3 cm", "5 cm"])],
+                                        ["I cannot tell"])
+    assert (out[0].score, out[0].note) == (0.0, "no choice found")
+
+
+def test_mathvista_llm_extraction_one_batch():
+    items = [mv("3", index="1"), mv("4", index="2"), mv("2", index="3"),
+             mv("5 cm", "multi_choice", "text", choices=["3 cm", "5 cm"], index="4")]
+    preds = ["2 plus 1 gives 3", "9", "Between 1 and 3 is 2", "Either could be right, maybe the larger"]
+    llm = FakeLLM(["3", "Extracted answer: 2\nbecause", "B"])
+    out = scorer_for("mathvista").score(items, preds, llm)
+    assert len(llm.calls) == 1 and len(llm.calls[0]) == 3           # "9" was decided by rule
+    assert "Model response: 2 plus 1 gives 3" in llm.calls[0][0]
+    assert "Choices: (A) 3 cm (B) 5 cm" in llm.calls[0][2]
+    assert [s.score for s in out] == [1.0, 0.0, 1.0, 1.0]
+    assert out[0].note == "llm extraction" and out[1].note == ""
+
+
+# --- MMMU -------------------------------------------------------------------------------------------
+
+def test_mmmu_multiple_choice_takes_last_letter():
+    items = [mc("mmmu", "C", index=str(i)) for i in range(4)]
+    preds = ["(A) is wrong, (C) is right", "C", "I think so", "Plum"]
+    out = scorer_for("mmmu").score(items, preds)
+    assert [s.score for s in out] == [1.0, 1.0, 0.0, 1.0]
+    assert out[2].note == "no option found"
+
+
+def test_mmmu_pro_ten_options():
+    options = {chr(ord("A") + i): f"value {i}" for i in range(10)}
+    items = [mc("mmmu_pro", "J", options=options, index=str(i)) for i in range(3)]
+    assert scores("mmmu_pro", items, ["J", "The answer is J.", "K"]) == [1.0, 1.0, 0.0]
+
+
+def test_mmmu_open():
+    items = [open_item("mmmu", "1,200", str(1)), open_item("mmmu", "5", "2"), open_item("mmmu", "copper", "3"),
+             open_item("mmmu", "['3.5', '7/2']", "4"), open_item("mmmu", "12", "5"), open_item("mmmu", "b", "6")]
+    preds = ["The total is 1200 dollars.", "so the answer is five", "The wire is made of Copper.",
+             "x = 3.50", "The answer is 13.", "It is an apple"]
+    assert scores("mmmu", items, preds) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_mmmu_mc_without_options_is_user_error():
+    with pytest.raises(UserFacingError):
+        scorer_for("mmmu").score([open_item("mmmu", "A", meta={"question_type": "multiple-choice"})], ["A"])
+
+
+# --- MM-Vet -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reply,grade", [("0.7", 0.7), ("1.0", 1.0), ("0", 0.0), ("1", 1.0), (" 0.5 \n", 0.5),
+                                         ("0.4.", 0.4), ("1.5", None), ("high", None), ("0.5/1", None), ("", None)])
+def test_parse_grade(reply, grade):
+    assert parse_grade(reply) == grade
+
+
+@pytest.mark.parametrize("answer,pred,grade", [
+    ("3", "There are three dogs.", 1.0),
+    ("-1<AND>-5", "x = -1 or x = -5", 1.0),
+    ("-1<AND>-5", "x = -5", 0.5),
+    ("-1<AND>-5", "x = 3", 0.0),
+    ("umbrella<OR>parasol", "a parasol", 1.0),
+    ("umbrella<OR>parasol", "a stick", 0.0),
+    ("The sign says stop", "I think the sign says STOP.", 1.0),
+    ("The sign says stop because the road ends", "It says stop because the road ends here", 0.5),  # 5/6 words
+    ("The sign warns drivers about falling rocks ahead", "A warning about rocks for drivers", 0.0),  # 3/7
+])
+def test_mmvet_rule_grade(answer, pred, grade):
+    assert rule_grade(answer, pred) == grade
+
+
+def test_mmvet_rule_judge_note():
+    out = scorer_for("mmvet").score([open_item("mmvet", "3")], ["three"])
+    assert (out[0].score, out[0].note) == (1.0, RULE_NOTE)
+
+
+def test_mmvet_judge_retries_unparsable_once():
+    items = [open_item("mmvet_v2", "Paris<AND>Berlin", str(i), meta={"capability": ["rec", "ocr"]}) for i in range(3)]
+    llm = FakeLLM(["0.5", "great answer", "2.0"], ["1.0", "still no"])
+    out = scorer_for("mmvet_v2").score(items, ["Paris", "Paris and Berlin", "Rome"], llm)
+    assert [len(c) for c in llm.calls] == [3, 2]
+    assert "Paris <AND> Berlin | Paris |" in llm.calls[0][0]
+    assert [s.score for s in out] == [0.5, 1.0, 0.0]
+    assert [s.note for s in out] == ["judge", "judge", "judge reply unparsable"]
+    units = scorer_for("mmvet_v2").units(items, out)
+    assert units[0].category == "rec,ocr"
+
+
+# --- registry ---------------------------------------------------------------------------------------
+
+def test_every_benchmark_has_a_scorer():
+    for b in BENCHMARKS:
+        s = scorer_for(b)
+        assert s.benchmark == b and s.protocol.startswith("lmms-eval") and s.aggregate in ("micro", "macro")
+
+
+def test_scorer_for_errors():
+    with pytest.raises(ValueError, match="unknown benchmark 'mmlu'"):
+        scorer_for("mmlu")
+    with pytest.raises(ValueError, match="unknown scoring protocol 'opencompass'"):
+        scorer_for("ai2d", "opencompass")
+    with pytest.raises(ValueError, match="multiple-choice benchmarks only"):
+        scorer_for("chartqa", "vlmevalkit")
+    assert scorer_for("mmbench", "vlmevalkit").protocol.startswith("vlmevalkit")
+
+
+def test_length_mismatch():
+    with pytest.raises(ValueError, match="1 items but 2 predictions"):
+        scorer_for("ai2d").score([mc()], ["A", "B"])
