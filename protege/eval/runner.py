@@ -26,15 +26,18 @@ def generate_predictions(model, processor, items: list[BenchItem], batch_size: i
     """One Prediction per item, in item order. `latency_s` is the wall time of the batch the answer came
     from (what a caller waits for it); `tokens` counts its completion tokens up to end-of-turn."""
     sampling = sampling or Sampling(do_sample=False, max_new_tokens=max_new_tokens)
-    preds: list[Prediction] = []
-    for i in range(0, len(items), batch_size):
-        chunk = items[i:i + batch_size]
+    prompts = [build_prompt(it) for it in items]
+    # similar lengths share a batch, so little of each batch is padding; answers go back in item order
+    order = sorted(range(len(items)), key=lambda i: (len(items[i].images), len(prompts[i])))
+    by_item: dict[int, Prediction] = {}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
         t0 = time.perf_counter()
-        batch = processor.encode_prompts([build_prompt(it) for it in chunk], [decode_images(it) for it in chunk])
+        batch = processor.encode_prompts([prompts[i] for i in chunk], [decode_images(items[i]) for i in chunk])
         c = sample(model, processor, batch, sampling)
         seconds = time.perf_counter() - t0
-        for it, text, n in zip(chunk, c.texts, c.completion_mask.sum(dim=1).tolist()):
-            preds.append(Prediction(it.index, text, int(n), seconds))
+        for i, text, n in zip(chunk, c.texts, c.completion_mask.sum(dim=1).tolist()):
+            by_item[i] = Prediction(items[i].index, text, int(n), seconds)
         if progress:
-            progress(len(preds), len(items))
-    return preds
+            progress(len(by_item), len(items))
+    return [by_item[i] for i in range(len(items))]
