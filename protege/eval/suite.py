@@ -12,6 +12,7 @@ from protege.eval.items import BENCHMARKS, BenchItem
 from protege.eval.readers import read_benchmark
 from protege.eval.runner import generate_predictions
 from protege.eval.score import score_benchmark, write_predictions, write_scores
+from protege.eval.scorers import suite_protocol
 from protege.eval.stats import average_ci
 from protege.paths import MINI_BENCHMARKS
 from protege.teachers.backends import TeacherAnswer, TeacherRequest
@@ -78,8 +79,8 @@ def evaluate_model(model, processor, suite: dict[str, list[BenchItem]], cfg: Eva
         preds = generate_predictions(model, processor, items, cfg.batch_size, cfg.max_new_tokens)
         wall += time.perf_counter() - t0
         write_predictions(out_dir / name / "predictions.jsonl", preds)
-        summary, rows, units = score_benchmark(name, items, {p.index: p for p in preds}, cfg.protocol, complete,
-                                               cfg.bootstrap, seed)
+        summary, rows, units = score_benchmark(name, items, {p.index: p for p in preds},
+                                               suite_protocol(name, cfg.protocol), complete, cfg.bootstrap, seed)
         write_scores(out_dir / name, summary, rows, units)
         results[name] = summary
         units_by_bench[name] = (units, summary["aggregate"])

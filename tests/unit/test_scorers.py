@@ -404,3 +404,13 @@ def test_scorer_for_errors():
 def test_length_mismatch():
     with pytest.raises(ValueError, match="1 items but 2 predictions"):
         scorer_for("ai2d").score([mc()], ["A", "B"])
+
+
+def test_suite_wide_vlmevalkit_protocol_leaves_open_benchmarks_on_lmms_eval():
+    from protege.eval.scorers import suite_protocol
+
+    assert suite_protocol("mmbench", "vlmevalkit") == "vlmevalkit"
+    assert suite_protocol("chartqa", "vlmevalkit") == "lmms-eval"
+    assert suite_protocol("mmvet", "lmms-eval") == "lmms-eval"
+    for name in ("chartqa", "mathvista", "mmvet", "mmvet_v2"):
+        assert scorer_for(name, suite_protocol(name, "vlmevalkit")).benchmark == name

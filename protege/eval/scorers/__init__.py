@@ -46,7 +46,7 @@ _LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
     "mmvet": lambda: MMVetScorer("mmvet"),
     "mmvet_v2": lambda: MMVetScorer("mmvet_v2"),
 }
-_MULTIPLE_CHOICE = ("ai2d", "mmstar", "realworldqa", "blink", "seedbench", "seedbench2_plus", "mmmu",
+MULTIPLE_CHOICE = ("ai2d", "mmstar", "realworldqa", "blink", "seedbench", "seedbench2_plus", "mmmu",
                     "mmmu_pro", "mmbench", "mmbench_cn")
 assert set(_LMMS_EVAL) == set(BENCHMARKS)
 
@@ -58,12 +58,18 @@ def scorer_for(benchmark: str, protocol: str = "lmms-eval") -> Scorer:
         raise ValueError(f"unknown scoring protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
     if protocol == "lmms-eval":
         return _LMMS_EVAL[benchmark]()
-    if benchmark not in _MULTIPLE_CHOICE:
+    if benchmark not in MULTIPLE_CHOICE:
         raise ValueError(f"protocol 'vlmevalkit' covers multiple-choice benchmarks only "
-                         f"({', '.join(_MULTIPLE_CHOICE)}); {benchmark!r} is scored by 'lmms-eval'")
+                         f"({', '.join(MULTIPLE_CHOICE)}); {benchmark!r} is scored by 'lmms-eval'")
     if benchmark in ("mmbench", "mmbench_cn"):
         return CircularScorer(benchmark, "vlmevalkit")
     return VLMEvalKitChoiceScorer(benchmark, _LMMS_EVAL[benchmark]())
 
 
-__all__ = ["PROTOCOLS", "Completer", "Scorer", "scorer_for"]
+def suite_protocol(benchmark: str, protocol: str) -> str:
+    """The protocol a suite-wide setting means for one benchmark: `vlmevalkit` changes multiple-choice
+    matching only, so the other benchmarks keep their lmms-eval scorer."""
+    return protocol if benchmark in MULTIPLE_CHOICE else "lmms-eval"
+
+
+__all__ = ["MULTIPLE_CHOICE", "PROTOCOLS", "Completer", "Scorer", "scorer_for", "suite_protocol"]
