@@ -106,18 +106,31 @@ def eval_score(benchmark: str = typer.Option(..., help="benchmark name, e.g. mmb
                out: Path = typer.Option(..., help="folder for summary.json, items.jsonl and units.json"),
                protocol: str = typer.Option("lmms-eval", help="lmms-eval | vlmevalkit (multiple choice)"),
                fmt: str = typer.Option("", "--format", help="tsv | parquet | json (default: from the suffix)"),
-               bootstrap: int = typer.Option(1000, help="resamples for the 95% CI"),
-               seed: int = typer.Option(0)) -> None:
-    """Score any model's predictions on one benchmark file (no model is loaded; rule-based judges)."""
+               bootstrap: int = typer.Option(1000, min=100, help="resamples for the 95% CI"),
+               seed: int = typer.Option(0),
+               params: Path = typer.Option(None, help="use this params file's evaluate.judge and "
+                                                      "evaluate.mmvet_grader_prompt (default: rules only)")) -> None:
+    """Score any model's predictions on one benchmark file (no student model is loaded)."""
     from protege.errors import UserFacingError
     from protege.eval.readers import read_benchmark
-    from protege.eval.score import check_coverage, read_predictions, score_benchmark, write_scores
+    from protege.eval.score import (
+        check_coverage,
+        read_predictions,
+        score_benchmark,
+        write_scores,
+    )
+    from protege.eval.suite import completer_for, grader_prompt, scored_split
 
     try:
-        items = read_benchmark(benchmark, data, fmt or None)
+        complete = grader = None
+        if params is not None:
+            cfg = _config(params)
+            complete = completer_for(cfg.evaluate.judge, Path.cwd(), cfg.seed)
+            grader = grader_prompt(cfg.evaluate, Path.cwd())
+        items = scored_split(read_benchmark(benchmark, data, fmt or None))
         preds = read_predictions(predictions)
         check_coverage(items, preds, predictions)
-        summary, rows, units = score_benchmark(benchmark, items, preds, protocol, None, bootstrap, seed)
+        summary, rows, units = score_benchmark(benchmark, items, preds, protocol, complete, bootstrap, seed, grader)
     except (UserFacingError, ValueError, KeyError) as exc:
         _fail(str(exc).strip("'\""), code=1)
     write_scores(out, summary, rows, units)
@@ -137,23 +150,31 @@ def eval_run(model: Path = typer.Option(..., help="a student checkpoint folder (
     from protege import tracking
     from protege.errors import UserFacingError
     from protege.eval.report import bar_chart, markdown
-    from protege.eval.suite import benchmark_files, completer_for, evaluate_model, load_suite
+    from protege.eval.suite import (
+        benchmark_files,
+        completer_for,
+        evaluate_model,
+        grader_prompt,
+        load_suite,
+    )
     from protege.models.student import load_student
+    from protege.stages.evaluate import suite_label
 
     cfg = _config(params)
     ev = cfg.evaluate if not batch_size else cfg.evaluate.model_copy(update={"batch_size": batch_size})
     label = name or model.resolve().name
     root = Path.cwd()
     try:
-        suite = load_suite(benchmark_files(ev, root), _bench_names(benchmarks))
+        suite = load_suite(benchmark_files(ev, root), _bench_names(benchmarks), mini=ev.benchmarks == "mini")
+        grader = grader_prompt(ev, root)
         net, processor = load_student(model)
     except (UserFacingError, FileNotFoundError, OSError) as exc:
         _fail(str(exc), code=1)
     with tracking.stage_run("eval-run", root) as run:
         run.log_params({**ev.model_dump(exclude={"judge"}), "model": str(model), "label": label}, "eval.")
         summary = evaluate_model(net, processor, suite, ev, out / label, completer_for(ev.judge, root, cfg.seed),
-                                 cfg.seed, log=lambda m: typer.echo(f"{label} {m}", err=True))
-        report = {"suite": "mini" if ev.benchmarks == "mini" else "files", "protocol": ev.protocol,
+                                 cfg.seed, log=lambda m: typer.echo(f"{label} {m}", err=True), grader=grader)
+        report = {"suite": suite_label(ev), "protocol": ev.protocol,
                   "bootstrap": ev.bootstrap, "benchmarks": {b: "" for b in suite}, "candidate": label,
                   "score": summary["average"], "models": {label: {"path": str(model), **summary}}}
         (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
@@ -176,13 +197,13 @@ def eval_compare(run_a: str = typer.Argument(..., help="MLflow run id of A (eval
                  run_b: str = typer.Argument(..., help="MLflow run id of B"),
                  model_a: str = typer.Option("", help="model label inside run A (default: merged, or the only one)"),
                  model_b: str = typer.Option("", help="model label inside run B"),
-                 bootstrap: int = typer.Option(1000), seed: int = typer.Option(0)) -> None:
+                 bootstrap: int = typer.Option(1000, min=100), seed: int = typer.Option(0)) -> None:
     """B - A per benchmark and on average, with a paired bootstrap over the items both runs scored."""
     import tempfile
 
     from protege import tracking
     from protege.errors import UserFacingError
-    from protege.eval.compare import compare, markdown, read_units
+    from protege.eval.compare import compare, markdown, read_sources, read_units
 
     def side(run_id: str, label: str, tmp: Path) -> tuple[dict, str]:
         root = tracking.download_artifacts(Path.cwd(), run_id, "eval", tmp / run_id)
@@ -190,14 +211,14 @@ def eval_compare(run_a: str = typer.Argument(..., help="MLflow run id of A (eval
         chosen = label or ("merged" if "merged" in labels else labels[0] if len(labels) == 1 else "")
         if chosen not in labels:
             raise UserFacingError(f"run {run_id} holds models {labels}; pick one with --model-a / --model-b")
-        return read_units(root / chosen), f"{run_id[:8]}:{chosen}"
+        return read_units(root / chosen), f"{run_id[:8]}:{chosen}", read_sources(root / chosen)
 
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            a, label_a = side(run_a, model_a, Path(tmp))
-            b, label_b = side(run_b, model_b, Path(tmp))
-        typer.echo(markdown(compare(a, b, bootstrap, seed), label_a, label_b), nl=False)
-    except UserFacingError as exc:
+            a, label_a, src_a = side(run_a, model_a, Path(tmp))
+            b, label_b, src_b = side(run_b, model_b, Path(tmp))
+        typer.echo(markdown(compare(a, b, bootstrap, seed, src_a, src_b), label_a, label_b), nl=False)
+    except (UserFacingError, ValueError) as exc:
         _fail(str(exc), code=1)
 
 

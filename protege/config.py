@@ -185,6 +185,7 @@ class EvaluateConfig(Section):
     protocol: Literal["lmms-eval", "vlmevalkit"] = "lmms-eval"  # vlmevalkit: its multiple-choice matching
     judge: TeacherSpec | None = None           # MM-Vet grader + extraction fallback (openai/vllm); null: rules
     bootstrap: int = Field(1000, ge=100)       # resamples for the 95% confidence intervals
+    mmvet_grader_prompt: str | None = None     # MM-Vet's own grader prompt (a text file) for comparable scores
 
     @model_validator(mode="after")
     def _known_benchmarks(self) -> "EvaluateConfig":

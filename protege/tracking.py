@@ -141,8 +141,8 @@ def end_parent_run(project_dir: Path, run_id: str, status: str, metrics: dict[st
     client.set_terminated(run_id, status=status)
 
 
-def champion(project_dir: Path, model_name: str) -> tuple[str | None, float | None]:
-    """(version, score) of the model version holding alias 'champion', or (None, None)."""
+def champion(project_dir: Path, model_name: str) -> tuple[str | None, float | None, str | None]:
+    """(version, score, what the score was measured on) of the version holding alias 'champion'."""
     _mlflow(project_dir)
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
@@ -150,16 +150,18 @@ def champion(project_dir: Path, model_name: str) -> tuple[str | None, float | No
     try:
         mv = MlflowClient().get_model_version_by_alias(model_name, "champion")
     except MlflowException:
-        return None, None
+        return None, None, None
     score = mv.tags.get("protege.score")
-    return mv.version, (float(score) if score is not None else None)
+    return mv.version, (float(score) if score is not None else None), mv.tags.get("protege.scored_on")
 
 
-def register(project_dir: Path, model_id: str, model_name: str, score: float, make_champion: bool) -> str:
+def register(project_dir: Path, model_id: str, model_name: str, score: float, make_champion: bool,
+             scored_on: str = "") -> str:
     mlflow = _mlflow(project_dir)
     from mlflow import MlflowClient
 
-    mv = mlflow.register_model(f"models:/{model_id}", model_name, tags={"protege.score": f"{score:.6f}"})
+    mv = mlflow.register_model(f"models:/{model_id}", model_name,
+                               tags={"protege.score": f"{score:.6f}", "protege.scored_on": scored_on})
     if make_champion:
         MlflowClient().set_registered_model_alias(model_name, "champion", mv.version)
     return mv.version
@@ -167,6 +169,7 @@ def register(project_dir: Path, model_id: str, model_name: str, score: float, ma
 
 def download_artifacts(project_dir: Path, run_id: str, artifact_path: str, dst: Path) -> Path:
     """A run's artifact folder, copied locally; a clear error for an unknown run or a run without it."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per file floods the terminal
     mlflow = _mlflow(project_dir)
     from mlflow.exceptions import MlflowException
 

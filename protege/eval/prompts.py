@@ -115,6 +115,7 @@ def _mathvista(item: BenchItem) -> str:
 
 
 def _mmvet_v2_question(question: str) -> str:
+    question = question.replace("<image>", "<IMG>x.png<IMG>")  # the readers' image slots, as file markers
     parts = []
     for part in question.split("<IMG>"):
         part = part.strip()

@@ -303,6 +303,8 @@ def _image_bytes(value, base_dir: Path) -> tuple[bytes | None, str]:
     try:
         return base64.b64decode("".join(s.split()), validate=True), ""
     except (binascii.Error, ValueError):
+        if s.isdigit():  # VLMEvalKit's pointer to another row's image
+            return None, f"refers to the image of index {s}, which is not in the file"
         return None, "not valid base64"
 
 
@@ -415,9 +417,9 @@ def _finish(row: _Row) -> None:
     if name == "mmstar" and not item.options:
         item.question, item.options = mmstar_options(item.question)
     if name == "realworldqa" and not item.options:
-        q, opts = line_options(item.question)
-        if opts:
-            item.question, item.options = q, opts
+        _, opts = line_options(item.question)
+        if opts:  # the question keeps its option lines: RealWorldQA's prompt is the question as given
+            item.options = opts
             by_text = {v.strip().lower(): k for k, v in opts.items()}
             if _letter(item.answer) not in opts and item.answer.strip().lower() in by_text:
                 item.answer = by_text[item.answer.strip().lower()]

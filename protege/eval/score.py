@@ -31,7 +31,7 @@ def _listed(values: list[str], limit: int = 10) -> str:
 
 def read_predictions(path: str | Path) -> dict[str, Prediction]:
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise UserFacingError(f"{path}: predictions file not found (expected JSONL lines "
                               '{"index": ..., "prediction": "..."})')
     preds: dict[str, Prediction] = {}
@@ -89,12 +89,12 @@ def _breakdown(units: list[Unit], key: str) -> dict[str, dict]:
 
 
 def score_benchmark(name: str, items: list[BenchItem], preds: dict[str, Prediction], protocol: str = "lmms-eval",
-                    complete=None, n_boot: int = 1000, seed: int = 0
+                    complete=None, n_boot: int = 1000, seed: int = 0, grader_prompt: str | None = None
                     ) -> tuple[dict, list[dict], list[Unit]]:
     """(summary, one row per item, the units the bootstrap resamples)."""
     from protege.eval.scorers import scorer_for
 
-    scorer = scorer_for(name, protocol)
+    scorer = scorer_for(name, protocol, grader_prompt)
     texts = [preds[it.index].text for it in items]
     scored: list[Scored] = scorer.score(items, texts, complete)
     units = scorer.units(items, scored)
@@ -102,7 +102,8 @@ def score_benchmark(name: str, items: list[BenchItem], preds: dict[str, Predicti
     tokens = [p.tokens for p in (preds[it.index] for it in items) if p.tokens is not None]
     latency = [p.latency_s for p in (preds[it.index] for it in items) if p.latency_s is not None]
     summary = {
-        "benchmark": name, "protocol": scorer.protocol, "aggregate": scorer.aggregate,
+        "benchmark": name, "data": items[0].source if items else "", "protocol": scorer.protocol,
+        "aggregate": scorer.aggregate,
         "score": score_of(units, scorer.aggregate), "ci": [lo, hi], "items": len(items), "units": len(units),
         "per_category": _breakdown(units, "category"), "per_difficulty": _breakdown(units, "difficulty"),
         "mean_tokens": sum(tokens) / len(tokens) if tokens else None,

@@ -2,6 +2,7 @@
 model's summary (per-benchmark scores with CIs, the 14-benchmark average, tokens and latency)."""
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,8 @@ def benchmark_files(cfg: EvaluateConfig, root: Path) -> dict[str, Path]:
     return {name: chosen[name] for name in BENCHMARKS if name in chosen}
 
 
-def load_suite(files: dict[str, Path], only: list[str] | None = None) -> dict[str, list[BenchItem]]:
+def load_suite(files: dict[str, Path], only: list[str] | None = None, mini: bool = False
+               ) -> dict[str, list[BenchItem]]:
     if only:
         unknown = sorted(set(only) - set(files))
         if unknown:
@@ -43,8 +45,31 @@ def load_suite(files: dict[str, Path], only: list[str] | None = None) -> dict[st
     for name, path in files.items():
         if only and name not in only:
             continue
-        suite[name] = read_benchmark(name, path)
+        if mini and not path.exists():
+            raise UserFacingError(f"{path}: the mini benchmarks are not written yet; run `dvc repro "
+                                  "mini_benchmarks` (or `protege stage mini_benchmarks`) in the project folder")
+        suite[name] = scored_split(read_benchmark(name, path))
     return suite
+
+
+def scored_split(items: list[BenchItem]) -> list[BenchItem]:
+    """MMMU's VLMEvalKit file (MMMU_DEV_VAL) holds the few-shot dev split and the validation split; the
+    harnesses report validation only, so dev rows are left out when both are present."""
+    splits = {it.meta.get("split") for it in items}
+    if items and items[0].benchmark in ("mmmu", "mmmu_pro") and {"dev", "validation"} <= splits:
+        return [it for it in items if it.meta.get("split") != "dev"]
+    return items
+
+
+def grader_prompt(cfg: EvaluateConfig, root: Path) -> str | None:
+    if cfg.mmvet_grader_prompt is None:
+        return None
+    path = Path(cfg.mmvet_grader_prompt)
+    path = path if path.is_absolute() else root / path
+    if not path.is_file():
+        raise UserFacingError(f"evaluate.mmvet_grader_prompt: {path} not found (a text file holding the few-shot "
+                              "grading table of MM-Vet's grader, ending before the row to grade)")
+    return path.read_text(encoding="utf-8")
 
 
 def completer_for(spec: TeacherSpec | None, root: Path, seed: int) -> Completer | None:
@@ -53,7 +78,8 @@ def completer_for(spec: TeacherSpec | None, root: Path, seed: int) -> Completer 
         return None
     from protege.teachers.factory import build_teacher
 
-    backend = build_teacher(spec, root, error_rate=0.0, seed=seed)
+    # a grade or an extraction must not depend on the draw: the judge decodes greedily
+    backend = build_teacher(spec.model_copy(update={"temperature": 0.0}), root, error_rate=0.0, seed=seed)
 
     def complete(prompts: list[str]) -> list[str]:
         replies: dict[str, str] = {}
@@ -69,9 +95,12 @@ def completer_for(spec: TeacherSpec | None, root: Path, seed: int) -> Completer 
 
 
 def evaluate_model(model, processor, suite: dict[str, list[BenchItem]], cfg: EvaluateConfig, out_dir: Path,
-                   complete: Completer | None = None, seed: int = 0, log=print) -> dict:
+                   complete: Completer | None = None, seed: int = 0, log=print, grader: str | None = None) -> dict:
     """Answers and scores every benchmark of the suite; writes predictions, scored items and units per
-    benchmark under out_dir/NAME/ and returns the model's summary."""
+    benchmark under out_dir/NAME/ (emptied first: results of an earlier run must not mix in) and returns
+    the model's summary."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
     results, units_by_bench = {}, {}
     tokens = latency = answers = wall = 0.0
     for name, items in suite.items():
@@ -80,7 +109,8 @@ def evaluate_model(model, processor, suite: dict[str, list[BenchItem]], cfg: Eva
         wall += time.perf_counter() - t0
         write_predictions(out_dir / name / "predictions.jsonl", preds)
         summary, rows, units = score_benchmark(name, items, {p.index: p for p in preds},
-                                               suite_protocol(name, cfg.protocol), complete, cfg.bootstrap, seed)
+                                               suite_protocol(name, cfg.protocol), complete, cfg.bootstrap, seed,
+                                               grader)
         write_scores(out_dir / name, summary, rows, units)
         results[name] = summary
         units_by_bench[name] = (units, summary["aggregate"])

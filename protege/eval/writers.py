@@ -17,7 +17,7 @@ from pathlib import Path
 from PIL import Image
 
 from protege.eval.items import BENCHMARKS, BenchItem
-from protege.eval.readers import JSON_NAME, LETTERS, SEED_TYPES
+from protege.eval.readers import JSON_NAME, LETTERS, SEED_TYPES, line_options
 
 SEED_IDS = {v: k for k, v in SEED_TYPES.items()}
 
@@ -291,7 +291,8 @@ def _parquet(name: str, items: list[BenchItem], path: Path) -> None:
             images = {"image": "one"}
             types = {f"choice_{x}": pa.string() for x in "ABCD"}
         elif name == "realworldqa":
-            listing = "".join(f"\n{L}. {t}" for L, t in it.options.items())
+            listed = line_options(it.question)[1] == it.options  # already in the text: RealWorldQA's own form
+            listing = "" if listed else "".join(f"\n{L}. {t}" for L, t in it.options.items())
             records.append({"question": it.question + listing, "answer": it.answer, "image": _one(it)})
             images = {"image": "one"}
     if name == "seedbench":

@@ -8,10 +8,23 @@ from pathlib import Path
 import numpy as np
 
 from protege.config import Config
-from protege.data.curate import answer_logprobs, histogram, plot_histograms, select_by_logprob, with_token_lengths
+from protege.data.curate import (
+    answer_logprobs,
+    histogram,
+    plot_histograms,
+    select_by_logprob,
+    with_token_lengths,
+)
 from protege.data.rows import load_rows
 from protege.models.student import load_student
-from protege.paths import CURATED, CURATED_RL, CURATION_PLOTS, CURATION_REPORT, SFT_MODEL, SPLIT_TABLES
+from protege.paths import (
+    CURATED,
+    CURATED_RL,
+    CURATION_PLOTS,
+    CURATION_REPORT,
+    SFT_MODEL,
+    SPLIT_TABLES,
+)
 from protege.stages.common import say
 
 

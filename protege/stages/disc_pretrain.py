@@ -9,7 +9,13 @@ from protege.config import Config
 from protege.data.rows import load_rows
 from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
-from protege.paths import CURATED_RL, DISCRIMINATOR, ROLLOUTS, SFT_MODEL, TEACHER_ANSWERS
+from protege.paths import (
+    CURATED_RL,
+    DISCRIMINATOR,
+    ROLLOUTS,
+    SFT_MODEL,
+    TEACHER_ANSWERS,
+)
 from protege.stages.common import say, step_logger, write_stage_metrics
 from protege.train.disc_pretrain import Example, pretrain_discriminator
 

@@ -3,6 +3,7 @@ world's test split; report with bootstrap CIs (markdown, JSON, bar chart), logge
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from protege.config import Config
@@ -13,6 +14,7 @@ from protege.eval.suite import (
     benchmark_files,
     completer_for,
     evaluate_model,
+    grader_prompt,
     load_suite,
 )
 from protege.models.student import load_student
@@ -32,6 +34,13 @@ from protege.stages.common import say
 CANDIDATE = "merged"  # the pipeline's output, the one `promote` considers
 
 
+def suite_label(ev) -> str:
+    """What the average was taken over: promote compares only averages over the same suite."""
+    if ev.benchmarks == "mini":
+        return "mini"
+    return "files:" + ",".join(sorted(ev.benchmarks))
+
+
 def models_to_evaluate(root: Path) -> dict[str, Path]:
     last_rl = max((root / RL_CHECKPOINTS).glob("step-*"))
     return {"sft": SFT_MODEL, "rl_final": last_rl.relative_to(root), CANDIDATE: MERGED_MODEL}
@@ -41,14 +50,17 @@ def run(cfg: Config, root: Path, run) -> None:
     ev = cfg.evaluate
     run.log_params(ev.model_dump(exclude={"judge"}), "evaluate.")
     files = benchmark_files(ev, root)
+    suite = load_suite(files, mini=ev.benchmarks == "mini")  # reads and checks every file before any model runs
     for name, path in files.items():
         run.log_input(path, context=f"benchmark:{name}")
-    suite = load_suite(files)
+    grader = grader_prompt(ev, root)
     say("evaluate", f"{len(suite)} benchmarks, {sum(map(len, suite.values()))} items; judge: "
                     f"{ev.judge.name if ev.judge else 'rules only'}")
     complete = completer_for(ev.judge, root, cfg.seed)
+    if (root / EVAL_DIR).exists():
+        shutil.rmtree(root / EVAL_DIR)  # a model or benchmark dropped since the last run must not linger
     test_rows = load_rows(root / SPLIT_TABLES["test"])
-    report = {"suite": "mini" if ev.benchmarks == "mini" else "files", "protocol": ev.protocol,
+    report = {"suite": suite_label(ev), "protocol": ev.protocol,
               "bootstrap": ev.bootstrap, "benchmarks": {n: str(p) for n, p in files.items()},
               "candidate": CANDIDATE, "models": {}}
     world_items = []
@@ -56,7 +68,7 @@ def run(cfg: Config, root: Path, run) -> None:
         run.log_input(rel, context=f"model:{model_name}")
         model, processor = load_student(root / rel)
         summary = evaluate_model(model, processor, suite, ev, root / EVAL_DIR / model_name, complete, cfg.seed,
-                                 log=lambda m, n=model_name: say("evaluate", f"{n} {m}"))
+                                 log=lambda m, n=model_name: say("evaluate", f"{n} {m}"), grader=grader)
         world, items = evaluate_rows(model, processor, test_rows, ev.batch_size, ev.max_new_tokens)
         world_items += [{"model": model_name, **i} for i in items]
         report["models"][model_name] = {"path": str(rel), **summary, "world_test": world}

@@ -11,8 +11,15 @@ from protege.paths import EVAL_JSON, PROMOTION
 from protege.stages.common import say
 
 
-def decide(score: float, champion_score: float | None, margin: float) -> bool:
-    return champion_score is None or score > champion_score + margin
+def decide(score: float, champion_score: float | None, margin: float, same_suite: bool = True,
+           has_champion: bool | None = None) -> bool:
+    """The first model becomes champion. Otherwise the average must beat the champion's by more than
+    `margin`; a champion without a recorded score, or scored on another suite or protocol, stays (the
+    averages are not comparable; move the alias by hand if you mean to)."""
+    has_champion = champion_score is not None if has_champion is None else has_champion
+    if not has_champion:
+        return True
+    return champion_score is not None and same_suite and score > champion_score + margin
 
 
 def run(cfg: Config, root: Path, run) -> None:
@@ -22,14 +29,24 @@ def run(cfg: Config, root: Path, run) -> None:
     score = float(report["score"])
     model_id = run.log_model(root / candidate["path"], report["candidate"], params={"score": score})
     name = cfg.promote.model_name
-    old_version, old_score = tracking.champion(root, name)
-    promote = decide(score, old_score, cfg.promote.margin)
-    version = tracking.register(root, model_id, name, score, make_champion=promote)
-    result = {"model_name": name, "version": version, "score": score, "promoted": promote,
-              "previous_champion_version": old_version, "previous_champion_score": old_score}
+    old_version, old_score, old_on = tracking.champion(root, name)
+    scored_on = f"{report['suite']}|{report['protocol']}"
+    same = old_on == scored_on
+    promote = decide(score, old_score, cfg.promote.margin, same, has_champion=old_version is not None)
+    version = tracking.register(root, model_id, name, score, make_champion=promote, scored_on=scored_on)
+    result = {"model_name": name, "version": version, "score": score, "scored_on": scored_on, "promoted": promote,
+              "previous_champion_version": old_version, "previous_champion_score": old_score,
+              "previous_champion_scored_on": old_on}
     (root / PROMOTION).write_text(json.dumps(result, indent=2))
     run.log_metrics({"score": score, "promoted": float(promote)})
-    verdict = (f"is the new champion (was v{old_version} at {old_score:.2f})" if promote and old_version
-               else "is the first champion" if promote
-               else f"stays a challenger: champion v{old_version} scores {old_score:.2f}")
-    say("promote", f"{name} v{version} (score {score:.2f}) {verdict}")
+    if old_version is None:
+        verdict = "is the first champion"
+    elif old_score is None or not same:
+        verdict = (f"stays a challenger: champion v{old_version} was scored on {old_on or 'an unrecorded suite'}"
+                   f"{'' if old_score is None else f' ({old_score:.2f})'}, not on {scored_on}; averages over "
+                   "different suites are not compared (move the alias by hand to switch)")
+    elif promote:
+        verdict = f"is the new champion (was v{old_version} at {old_score:.2f})"
+    else:
+        verdict = f"stays a challenger: champion v{old_version} scores {old_score:.2f} (margin {cfg.promote.margin})"
+    say("promote", f"{name} v{version} (average {score:.2f} on {scored_on}) {verdict}")

@@ -15,7 +15,13 @@ from protege.config import Config
 from protege.data.rows import load_rows
 from protege.models.discriminator import Discriminator
 from protege.models.student import load_student
-from protege.paths import CURATED_RL, DISCRIMINATOR, RL_CHECKPOINTS, SFT_MODEL, TEACHER_ANSWERS
+from protege.paths import (
+    CURATED_RL,
+    DISCRIMINATOR,
+    RL_CHECKPOINTS,
+    SFT_MODEL,
+    TEACHER_ANSWERS,
+)
 from protege.rewards.llm_judge import LLMJudge
 from protege.rl.checkpoint import read_state
 from protege.rl.loop import RLInputs, fingerprint, run_rl

@@ -12,15 +12,20 @@ import pandas as pd
 
 from protege.config import Config
 from protege.data.curate import answer_tokens
+from protege.data.rows import image_path, read_table
 from protege.data.schemas import TEACHER_ANSWERS as TEACHER_ANSWER_ROWS
 from protege.data.validate import DatasetInvalid, run_suite
 from protege.errors import UserFacingError
-from protege.data.rows import image_path, read_table
 from protege.models.processor import StudentProcessor
 from protege.paths import BASE_MODEL, CURATED_RL, TEACHER_ANSWERS, TEACHER_CACHE
 from protege.stages.common import say, write_stage_metrics
 from protege.teachers.backends import TeacherRequest
-from protege.teachers.cache import TeacherCache, TeacherCacheIncomplete, cache_key, file_sha256
+from protege.teachers.cache import (
+    TeacherCache,
+    TeacherCacheIncomplete,
+    cache_key,
+    file_sha256,
+)
 from protege.teachers.factory import build_teacher
 
 

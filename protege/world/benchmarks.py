@@ -37,7 +37,6 @@ SUFFIX = {"tsv": ".tsv", "parquet": ".parquet", "json": ".json"}
 LETTERS = "ABCDEFGHIJ"
 COLOURS_CN = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色"}
 SHAPES_CN = {"circle": "圆形", "square": "正方形", "triangle": "三角形"}
-MMBENCH_QUESTIONS = 8   # x 4 circular copies each
 
 
 class Draw:

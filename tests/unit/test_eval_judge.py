@@ -39,5 +39,5 @@ def test_mmvet_scored_by_an_llm_grader(tmp_path):
 
 def test_mmvet_without_a_judge_says_it_is_not_comparable():
     items = [BenchItem("mmvet", "v1_0", "What colour?", [], "red")]
-    summary, rows, _ = score_benchmark("mmvet", items, {"v1_0": Prediction("v1_0", "red")}, n_boot=100)
+    _, rows, _ = score_benchmark("mmvet", items, {"v1_0": Prediction("v1_0", "red")}, n_boot=100)
     assert rows[0]["score"] == 1.0 and "not comparable" in rows[0]["note"]

@@ -136,7 +136,10 @@ def test_round_trip(tmp_path, name, fmt):
         expected_index = str(k) if (fmt == "parquet" and name in POSITIONAL) else want.index
         assert have.index == expected_index, where
         assert have.benchmark == name and have.row == k + 1 and have.source == str(written), where
-        assert have.question == want.question, where
+        if name == "realworldqa" and fmt == "parquet" and want.options:  # its options live in the question
+            assert have.question.startswith(want.question) and "\nA. left" in have.question, where
+        else:
+            assert have.question == want.question, where
         assert have.answer == want.answer, where
         assert have.options == want.options, where
         assert have.images == want.images, where

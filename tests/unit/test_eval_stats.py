@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from protege.errors import UserFacingError
 from protege.eval.compare import compare
 from protege.eval.items import Unit
 from protege.eval.stats import average_ci, bootstrap_ci, paired_bootstrap, score_of
@@ -55,3 +56,14 @@ def test_compare_two_evaluations():
     r = compare(a, b, n_boot=500)
     assert r["benchmarks"]["ai2d"]["diff"] == pytest.approx(50.0)
     assert r["average"]["diff"] == pytest.approx(25.0) and r["only_b"] == ["mmvet"]
+
+
+def test_compare_leaves_out_benchmarks_without_common_items_and_warns_on_other_files():
+    a = {"ai2d": {"1": 1.0, "2": 0.0}, "mmmu": {"validation_Art_1": 1.0}}
+    b = {"ai2d": {"1": 1.0, "2": 1.0}, "mmmu": {"validation_Math_1": 0.0}}
+    r = compare(a, b, n_boot=200, sources_a={"ai2d": "/x/ai2d.tsv"}, sources_b={"ai2d": "/y/AI2D_TEST.tsv"})
+    assert list(r["benchmarks"]) == ["ai2d"]
+    assert any("mmmu" in w and "no scored item in common" in w for w in r["warnings"])
+    assert any("AI2D_TEST.tsv" in w for w in r["warnings"])
+    with pytest.raises(UserFacingError, match="share no benchmark"):
+        compare({"mmmu": {"p": 1.0}}, {"mmmu": {"q": 1.0}})

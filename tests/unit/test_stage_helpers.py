@@ -12,6 +12,12 @@ def test_champion_moves_only_past_the_margin():
     assert decide(0.72, 0.70, margin=0.01)
 
 
+def test_champion_scored_elsewhere_or_without_score_stays():
+    assert not decide(90.0, 10.0, margin=0.0, same_suite=False)         # another suite or protocol
+    assert not decide(90.0, None, margin=0.0, has_champion=True)        # alias set by hand, no score
+    assert decide(90.0, None, margin=0.0, has_champion=False)           # no champion yet
+
+
 def test_discriminator_pretraining_draws_n_teacher_answers_per_question():
     import pandas as pd
 

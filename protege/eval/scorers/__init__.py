@@ -51,7 +51,10 @@ MULTIPLE_CHOICE = ("ai2d", "mmstar", "realworldqa", "blink", "seedbench", "seedb
 assert set(_LMMS_EVAL) == set(BENCHMARKS)
 
 
-def scorer_for(benchmark: str, protocol: str = "lmms-eval") -> Scorer:
+def scorer_for(benchmark: str, protocol: str = "lmms-eval", grader_prompt: str | None = None) -> Scorer:
+    """`grader_prompt`: MM-Vet / MM-Vet v2 only, the few-shot prefix of the grader (default: ours)."""
+    if benchmark in ("mmvet", "mmvet_v2") and grader_prompt and protocol == "lmms-eval":
+        return MMVetScorer(benchmark, grader_prompt)
     if benchmark not in _LMMS_EVAL:
         raise ValueError(f"unknown benchmark {benchmark!r}; known: {', '.join(BENCHMARKS)}")
     if protocol not in PROTOCOLS:

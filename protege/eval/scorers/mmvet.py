@@ -38,10 +38,10 @@ RULE_NOTE = "rule judge: not comparable to published MM-Vet"
 _SCORE = re.compile(r"(?:0(?:\.\d+)?|1(?:\.0+)?|\.\d+)")
 
 
-def grader_prompt(item: BenchItem, prediction: str) -> str:
+def grader_prompt(item: BenchItem, prediction: str, prefix: str = GRADER_PROMPT) -> str:
     gold = item.answer.replace("<AND>", " <AND> ").replace("<OR>", " <OR> ")
     gold = " ".join(gold.split())
-    return f"{GRADER_PROMPT}{item.question.strip()} | {gold} | {prediction.strip()} |"
+    return f"{prefix.rstrip()}\n{item.question.strip()} | {gold} | {prediction.strip()} |"
 
 
 def parse_grade(reply: str) -> float | None:
@@ -88,11 +88,17 @@ class MMVetScorer(ItemScorer):
     are asked again once (one batched call for all of them; lmms-eval retries at a higher temperature),
     then score 0 with note "judge reply unparsable". Benchmark score = mean x 100 (the report scales).
     With `complete` None, `rule_grade` scores instead and every item is noted "rule judge: not
-    comparable to published MM-Vet". Units carry the item's category, else its capabilities."""
+    comparable to published MM-Vet". Units carry the item's category, else its capabilities.
 
-    def __init__(self, benchmark: str = "mmvet"):
+    `grader_prompt` replaces our few-shot table with another prefix of the same shape, e.g. the text of
+    MM-Vet's own grader prompt read from the user's copy of the benchmark (evaluate.mmvet_grader_prompt):
+    numbers meant to sit next to published MM-Vet scores need the benchmark's own prompt."""
+
+    def __init__(self, benchmark: str = "mmvet", grader_prompt: str | None = None):
+        self.prefix = grader_prompt or GRADER_PROMPT
+        wording = "MM-Vet's grader prompt (user file)" if grader_prompt else "protege's grader prompt"
         super().__init__(benchmark, f"lmms-eval: {'mmvetv2' if benchmark == 'mmvet_v2' else 'mmvet'} "
-                                    "LLM grader, correctness 0.0-1.0 with <AND>/<OR>")
+                                    f"LLM grader, correctness 0.0-1.0 with <AND>/<OR>, {wording}")
 
     def unit_category(self, item: BenchItem) -> str:
         caps = item.meta.get("capability") or []
@@ -105,7 +111,7 @@ class MMVetScorer(ItemScorer):
         if complete is None:
             return [Scored(it.index, p.strip()[:200], rule_grade(it.answer, p), RULE_NOTE)
                     for it, p in zip(items, preds)]
-        prompts = [grader_prompt(it, p) for it, p in zip(items, preds)]
+        prompts = [grader_prompt(it, p, self.prefix) for it, p in zip(items, preds)]
         grades = [parse_grade(r) for r in ask(complete, prompts)]
         retry = [i for i, g in enumerate(grades) if g is None]
         for i, reply in zip(retry, ask(complete, [prompts[i] for i in retry])):
