@@ -17,8 +17,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from protege.data.validate import DatasetInvalid, answer_in_options, image_checks, run_suite
+from protege.data.image_bytes import sniff_ext
 from protege.data.schemas import QUESTION_ROWS
+from protege.data.validate import (
+    DatasetInvalid,
+    answer_in_options,
+    image_checks,
+    run_suite,
+)
 
 IMAGE_PLACEHOLDER = re.compile(r"\s*<image>\s*")
 HUMAN, ASSISTANT = {"human", "user"}, {"gpt", "assistant", "model"}
@@ -32,14 +38,6 @@ class ImportResult:
     rows_written: int
     duplicates_dropped: int
     images_written: int
-
-
-def _sniff_ext(data: bytes) -> str:
-    for magic, ext in ((b"\x89PNG", ".png"), (b"\xff\xd8\xff", ".jpg"), (b"GIF8", ".gif"), (b"RIFF", ".webp"),
-                       (b"BM", ".bmp")):
-        if data.startswith(magic):
-            return ext
-    return ".img"
 
 
 def _image_bytes(value, image_root: Path) -> tuple[bytes | None, str]:
@@ -162,7 +160,7 @@ def materialise(frame: pd.DataFrame, image_root: Path, out_dir: Path) -> tuple[p
             notes.append(note)
             continue
         digest = hashlib.sha256(data).hexdigest()
-        rel = f"images/{digest}{_sniff_ext(data)}"
+        rel = f"images/{digest}{sniff_ext(data)}"
         if digest not in written and not (out_dir / rel).exists():
             (out_dir / rel).write_bytes(data)
             written.add(digest)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from protege.data.image_bytes import sniff_ext
 from protege.eval.items import BENCHMARKS, BenchItem
 from protege.eval.readers import JSON_NAME, LETTERS, SEED_TYPES, line_options
 
@@ -23,11 +24,8 @@ SEED_IDS = {v: k for k, v in SEED_TYPES.items()}
 
 
 def _ext(data: bytes) -> str:
-    for magic, ext in ((b"\x89PNG", "png"), (b"\xff\xd8\xff", "jpg"), (b"GIF8", "gif"), (b"RIFF", "webp"),
-                       (b"BM", "bmp")):
-        if data.startswith(magic):
-            return ext
-    return "png"
+    ext = sniff_ext(data).lstrip(".")
+    return "png" if ext == "img" else ext
 
 
 def _b64(data: bytes) -> str:
