@@ -28,8 +28,18 @@ def tracking_uri(project_dir: Path) -> str:
 def _mlflow(project_dir: Path):
     import mlflow
 
+    from mlflow.exceptions import MlflowException
+
     mlflow.set_tracking_uri(tracking_uri(project_dir))
-    mlflow.set_experiment(os.environ.get(EXPERIMENT_ENV, DEFAULT_EXPERIMENT))
+    name = os.environ.get(EXPERIMENT_ENV, DEFAULT_EXPERIMENT)
+    if mlflow.get_experiment_by_name(name) is None:
+        # artifacts beside the store, not in ./mlruns of whatever folder the process started in
+        location = (Path(project_dir).resolve() / "mlartifacts").as_uri()
+        try:
+            mlflow.create_experiment(name, artifact_location=location)
+        except MlflowException:
+            pass  # another stage created it first
+    mlflow.set_experiment(name)
     return mlflow
 
 
