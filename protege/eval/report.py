@@ -19,18 +19,20 @@ def markdown(report: dict) -> str:
     suite = "the 14 mini benchmarks of the embedded world" if report["suite"] == "mini" else "benchmark files"
     lines = [f"# Evaluation on {suite}", "",
              (f"Scores in percent with 95% bootstrap CIs ({report['bootstrap']} resamples); scoring protocol "
-              f"`{report['protocol']}`. Average = unweighted mean over {len(names)} benchmarks."), "",
-             "| benchmark | items | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]
+              f"`{report['protocol']}`. Average = unweighted mean over {len(names)} benchmarks. Chance = the "
+              "expected score of guessing a listed option at random (open questions: 0)."), "",
+             "| benchmark | items | chance | " + " | ".join(models) + " |", "|---|---|---|" + "---|" * len(models)]
     for b in names:
         first = next(iter(models.values()))["benchmarks"][b]
-        lines.append(f"| {b} | {first['items']} | " + " | ".join(
+        lines.append(f"| {b} | {first['items']} | {first.get('chance', float('nan')):.1f} | " + " | ".join(
             _cell(m["benchmarks"][b]["score"], m["benchmarks"][b]["ci"]) for m in models.values()) + " |")
-    lines.append("| **average** | | " + " | ".join(f"**{_cell(m['average'], m['average_ci'])}**"
-                                                  for m in models.values()) + " |")
-    lines.append("| tokens / answer | | " + " | ".join(f"{m['mean_tokens']:.1f}" for m in models.values()) + " |")
-    lines.append("| latency ms / answer (batch) | | " + " | ".join(f"{1000 * m['mean_latency_s']:.0f}"
+    chance = [next(iter(models.values()))["benchmarks"][b].get("chance", float("nan")) for b in names]
+    lines.append(f"| **average** | | {sum(chance) / max(len(chance), 1):.1f} | " + " | ".join(
+        f"**{_cell(m['average'], m['average_ci'])}**" for m in models.values()) + " |")
+    lines.append("| tokens / answer | | | " + " | ".join(f"{m['mean_tokens']:.1f}" for m in models.values()) + " |")
+    lines.append("| latency ms / answer (batch) | | | " + " | ".join(f"{1000 * m['mean_latency_s']:.0f}"
                                                               for m in models.values()) + " |")
-    lines.append("| ms / answer (throughput) | | " + " | ".join(f"{1000 * m['seconds_per_answer']:.1f}"
+    lines.append("| ms / answer (throughput) | | | " + " | ".join(f"{1000 * m['seconds_per_answer']:.1f}"
                                                            for m in models.values()) + " |")
     cand = report["candidate"]
     lines += ["", f"Candidate for promotion: `{cand}` (average {report['score']:.2f})."]

@@ -88,6 +88,20 @@ def _breakdown(units: list[Unit], key: str) -> dict[str, dict]:
     return {k: {"score": 100 * sum(v) / len(v), "n": len(v)} for k, v in sorted(groups.items())}
 
 
+def chance_score(items: list[BenchItem], aggregate: str) -> float:
+    """The expected score of guessing a listed option uniformly at random (open questions: 0), with the
+    benchmark's own units and aggregation: a circular group is right only if every copy is."""
+    units: dict[str, Unit] = {}
+    for it in items:
+        p = 1.0 / len(it.options) if it.options else 0.0
+        key = it.group or it.index
+        if key in units:
+            units[key].score *= p
+        else:
+            units[key] = Unit(key, p, it.l2_category if aggregate == "macro" and it.l2_category else it.category)
+    return score_of(list(units.values()), aggregate)
+
+
 def score_benchmark(name: str, items: list[BenchItem], preds: dict[str, Prediction], protocol: str = "lmms-eval",
                     complete=None, n_boot: int = 1000, seed: int = 0, grader_prompt: str | None = None
                     ) -> tuple[dict, list[dict], list[Unit]]:
@@ -104,7 +118,8 @@ def score_benchmark(name: str, items: list[BenchItem], preds: dict[str, Predicti
     summary = {
         "benchmark": name, "data": items[0].source if items else "", "protocol": scorer.protocol,
         "aggregate": scorer.aggregate,
-        "score": score_of(units, scorer.aggregate), "ci": [lo, hi], "items": len(items), "units": len(units),
+        "score": score_of(units, scorer.aggregate), "ci": [lo, hi], "chance": chance_score(items, scorer.aggregate),
+        "items": len(items), "units": len(units),
         "per_category": _breakdown(units, "category"), "per_difficulty": _breakdown(units, "difficulty"),
         "mean_tokens": sum(tokens) / len(tokens) if tokens else None,
         "mean_latency_s": sum(latency) / len(latency) if latency else None,

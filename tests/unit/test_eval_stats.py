@@ -67,3 +67,16 @@ def test_compare_leaves_out_benchmarks_without_common_items_and_warns_on_other_f
     assert any("AI2D_TEST.tsv" in w for w in r["warnings"])
     with pytest.raises(UserFacingError, match="share no benchmark"):
         compare({"mmmu": {"p": 1.0}}, {"mmmu": {"q": 1.0}})
+
+
+def test_chance_of_guessing_a_listed_option():
+    from protege.eval.items import BenchItem
+    from protege.eval.score import chance_score
+
+    four = {"A": "a", "B": "b", "C": "c", "D": "d"}
+    items = [BenchItem("ai2d", "1", "q", [], "A", options=four),
+             BenchItem("ai2d", "2", "q", [], "A", options={"A": "a", "B": "b"}),
+             BenchItem("ai2d", "3", "q", [], "7")]                        # open: no guess scores
+    assert chance_score(items, "micro") == pytest.approx((25 + 50 + 0) / 3)
+    copies = [BenchItem("mmbench", str(k * 1_000_000), "q", [], "A", options=four, group="0") for k in range(4)]
+    assert chance_score(copies, "micro") == pytest.approx(100 * 0.25 ** 4)  # every copy right: 0.39
