@@ -149,7 +149,7 @@ def eval_run(model: Path = typer.Option(..., help="a student checkpoint folder (
     """Generate answers (batched, greedy) with a checkpoint, score them, report, and log an MLflow run."""
     from protege import tracking
     from protege.errors import UserFacingError
-    from protege.eval.report import bar_chart, markdown
+    from protege.eval.report import model_metrics, new_report, write_report
     from protege.eval.suite import (
         benchmark_files,
         completer_for,
@@ -158,14 +158,14 @@ def eval_run(model: Path = typer.Option(..., help="a student checkpoint folder (
         load_suite,
     )
     from protege.models.student import load_student
-    from protege.stages.evaluate import suite_label
 
     cfg = _config(params)
     ev = cfg.evaluate if not batch_size else cfg.evaluate.model_copy(update={"batch_size": batch_size})
     label = name or model.resolve().name
     root = Path.cwd()
     try:
-        suite = load_suite(benchmark_files(ev, root), _bench_names(benchmarks), mini=ev.benchmarks == "mini")
+        files = benchmark_files(ev, root)
+        suite = load_suite(files, _bench_names(benchmarks), mini=ev.benchmarks == "mini")
         grader = grader_prompt(ev, root)
         net, processor = load_student(model)
     except (UserFacingError, FileNotFoundError, OSError) as exc:
@@ -174,17 +174,12 @@ def eval_run(model: Path = typer.Option(..., help="a student checkpoint folder (
         run.log_params({**ev.model_dump(exclude={"judge"}), "model": str(model), "label": label}, "eval.")
         summary = evaluate_model(net, processor, suite, ev, out / label, completer_for(ev.judge, root, cfg.seed),
                                  cfg.seed, log=lambda m: typer.echo(f"{label} {m}", err=True), grader=grader)
-        report = {"suite": suite_label(ev), "protocol": ev.protocol,
-                  "bootstrap": ev.bootstrap, "benchmarks": {b: "" for b in suite}, "candidate": label,
-                  "score": summary["average"], "models": {label: {"path": str(model), **summary}}}
-        (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
-        (out / "report.md").write_text(markdown(report))
-        bar_chart(report, out / "report.png")
-        run.log_metrics({"average": summary["average"], "mean_tokens": summary["mean_tokens"],
-                         "mean_latency_s": summary["mean_latency_s"],
-                         **{f"{b}.score": s["score"] for b, s in summary["benchmarks"].items()}})
-        for f in ("report.json", "report.md", "report.png"):
-            run.log_artifact(out / f)
+        report = new_report(ev, {b: files[b] for b in suite}, label)
+        report["models"][label] = {"path": str(model), **summary}
+        report["score"] = summary["average"]
+        run.log_metrics(model_metrics(summary))
+        for f in write_report(report, out / "report.json", out / "report.md", out / "report.png"):
+            run.log_artifact(f)
         run.log_artifact(out / label, f"eval/{label}")
         lo, hi = summary["average_ci"]
         typer.echo(f"{label}: average {summary['average']:.2f} (95% CI {lo:.2f}-{hi:.2f}) over {len(suite)} "

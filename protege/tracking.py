@@ -27,7 +27,6 @@ def tracking_uri(project_dir: Path) -> str:
 
 def _mlflow(project_dir: Path):
     import mlflow
-
     from mlflow.exceptions import MlflowException
 
     mlflow.set_tracking_uri(tracking_uri(project_dir))

@@ -6,7 +6,36 @@ report = {"suite", "protocol", "bootstrap", "benchmarks": {name: file}, "candida
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+
+def suite_label(ev) -> str:
+    """What the average was taken over: promote compares only averages over the same suite."""
+    if ev.benchmarks == "mini":
+        return "mini"
+    return "files:" + ",".join(sorted(ev.benchmarks))
+
+
+def new_report(ev, files: dict[str, Path], candidate: str) -> dict:
+    """The report skeleton for an evaluation config (`evaluate` section) and its benchmark files."""
+    return {"suite": suite_label(ev), "protocol": ev.protocol, "bootstrap": ev.bootstrap,
+            "benchmarks": {n: str(p) for n, p in files.items()}, "candidate": candidate, "models": {}}
+
+
+def model_metrics(summary: dict, prefix: str = "") -> dict[str, float]:
+    """A model's headline figures for MLflow."""
+    return {f"{prefix}average": summary["average"], f"{prefix}mean_tokens": summary["mean_tokens"],
+            f"{prefix}mean_latency_s": summary["mean_latency_s"],
+            **{f"{prefix}{b}.score": s["score"] for b, s in summary["benchmarks"].items()}}
+
+
+def write_report(report: dict, json_path: Path, md_path: Path, png_path: Path) -> list[Path]:
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    md_path.write_text(markdown(report))
+    bar_chart(report, png_path)
+    return [json_path, md_path, png_path]
 
 
 def _cell(score: float, ci: list[float]) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from protege.config import EvaluateConfig, TeacherSpec
@@ -13,13 +12,11 @@ from protege.eval.items import BENCHMARKS, BenchItem
 from protege.eval.readers import read_benchmark
 from protege.eval.runner import generate_predictions
 from protege.eval.score import score_benchmark, write_predictions, write_scores
-from protege.eval.scorers import suite_protocol
+from protege.eval.scorers import Completer, suite_protocol
 from protege.eval.stats import average_ci
 from protege.paths import MINI_BENCHMARKS
-from protege.teachers.backends import TeacherAnswer, TeacherRequest
+from protege.teachers.backends import ask_texts
 from protege.world.benchmarks import FORMATS, SUFFIX
-
-Completer = Callable[[list[str]], list[str]]
 
 
 def mini_file(name: str) -> Path:
@@ -82,13 +79,7 @@ def completer_for(spec: TeacherSpec | None, root: Path, seed: int) -> Completer 
     backend = build_teacher(spec.model_copy(update={"temperature": 0.0}), root, error_rate=0.0, seed=seed)
 
     def complete(prompts: list[str]) -> list[str]:
-        replies: dict[str, str] = {}
-
-        def collect(outcome) -> None:
-            if isinstance(outcome, TeacherAnswer):
-                replies[outcome.key] = outcome.text
-
-        backend.run([TeacherRequest(str(i), str(i), p) for i, p in enumerate(prompts)], collect)
+        replies = ask_texts(backend, {str(i): p for i, p in enumerate(prompts)})
         return [replies.get(str(i), "") for i in range(len(prompts))]  # a failed request reads as unparsable
 
     return complete

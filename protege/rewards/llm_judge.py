@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from protege.teachers.backends import TeacherAnswer, TeacherBackend, TeacherRequest
+from protege.teachers.backends import TeacherBackend, ask_texts
 
 PROMPT = (
     "You grade answers to questions about images.\n"
@@ -44,16 +44,6 @@ class LLMJudge:
     def _key(self, prompt: str) -> str:
         return hashlib.sha256(json.dumps([self.backend.name, self.backend.revision, prompt]).encode()).hexdigest()
 
-    def _ask(self, prompts: dict[str, str]) -> dict[str, str]:
-        replies: dict[str, str] = {}
-
-        def collect(outcome) -> None:
-            if isinstance(outcome, TeacherAnswer):
-                replies[outcome.key] = outcome.text
-
-        self.backend.run([TeacherRequest(k, k, p) for k, p in prompts.items()], collect)
-        return replies
-
     def __call__(self, questions: list[str], references: list[str], responses: list[str]) -> list[float]:
         prompts = [PROMPT.format(question=q, reference=r, response=o) for q, r, o in zip(questions, references, responses)]
         keys = [self._key(p) for p in prompts]
@@ -62,7 +52,7 @@ class LLMJudge:
         for attempt in range(2):
             if not todo:
                 break
-            replies = self._ask({k: p + (REMINDER if attempt else "") for k, p in todo.items()})
+            replies = ask_texts(self.backend, {k: p + (REMINDER if attempt else "") for k, p in todo.items()})
             for k in list(todo):
                 v = parse_verdict(replies.get(k, ""))
                 if v is not None:

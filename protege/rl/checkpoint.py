@@ -6,8 +6,8 @@ temporary folder and renamed into place, so a kill leaves the previous state int
 
 Under DeepSpeed every rank takes part: rank 0 writes the full weights and the JSON, each rank writes its
 own ZeRO partition of the optimizer state and its own torch RNG state (ranks sample different questions,
-so their generators drift apart). DeepSpeed's own save_checkpoint is not used because its loader calls
-torch.load(weights_only=False), i.e. unpickles; this format never does.
+so their generators drift apart). DeepSpeed's own save_checkpoint is not used because its loader
+unpickles what it reads; this format never does.
 """
 from __future__ import annotations
 

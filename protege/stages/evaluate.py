@@ -9,7 +9,7 @@ from pathlib import Path
 from protege.config import Config
 from protege.data.rows import load_rows
 from protege.eval.accuracy import evaluate_rows
-from protege.eval.report import bar_chart, markdown
+from protege.eval.report import model_metrics, new_report, write_report
 from protege.eval.suite import (
     benchmark_files,
     completer_for,
@@ -34,13 +34,6 @@ from protege.stages.common import say
 CANDIDATE = "merged"  # the pipeline's output, the one `promote` considers
 
 
-def suite_label(ev) -> str:
-    """What the average was taken over: promote compares only averages over the same suite."""
-    if ev.benchmarks == "mini":
-        return "mini"
-    return "files:" + ",".join(sorted(ev.benchmarks))
-
-
 def models_to_evaluate(root: Path) -> dict[str, Path]:
     last_rl = max((root / RL_CHECKPOINTS).glob("step-*"))
     return {"sft": SFT_MODEL, "rl_final": last_rl.relative_to(root), CANDIDATE: MERGED_MODEL}
@@ -60,9 +53,7 @@ def run(cfg: Config, root: Path, run) -> None:
     if (root / EVAL_DIR).exists():
         shutil.rmtree(root / EVAL_DIR)  # a model or benchmark dropped since the last run must not linger
     test_rows = load_rows(root / SPLIT_TABLES["test"])
-    report = {"suite": suite_label(ev), "protocol": ev.protocol,
-              "bootstrap": ev.bootstrap, "benchmarks": {n: str(p) for n, p in files.items()},
-              "candidate": CANDIDATE, "models": {}}
+    report = new_report(ev, files, CANDIDATE)
     world_items = []
     for model_name, rel in models_to_evaluate(root).items():
         run.log_input(rel, context=f"model:{model_name}")
@@ -72,20 +63,14 @@ def run(cfg: Config, root: Path, run) -> None:
         world, items = evaluate_rows(model, processor, test_rows, ev.batch_size, ev.max_new_tokens)
         world_items += [{"model": model_name, **i} for i in items]
         report["models"][model_name] = {"path": str(rel), **summary, "world_test": world}
-        run.log_metrics({f"{model_name}.average": summary["average"],
-                         f"{model_name}.mean_tokens": summary["mean_tokens"],
-                         f"{model_name}.mean_latency_s": summary["mean_latency_s"],
-                         f"{model_name}.world_test.accuracy": world["accuracy"],
-                         **{f"{model_name}.{b}.score": s["score"] for b, s in summary["benchmarks"].items()}})
+        run.log_metrics({**model_metrics(summary, f"{model_name}."),
+                         f"{model_name}.world_test.accuracy": world["accuracy"]})
         lo, hi = summary["average_ci"]
         say("evaluate", f"{model_name}: average {summary['average']:.1f} [{lo:.1f}, {hi:.1f}] over "
                         f"{len(suite)} benchmarks; world test accuracy {world['accuracy']:.3f}")
     report["score"] = report["models"][CANDIDATE]["average"]
-    (root / EVAL_JSON).parent.mkdir(parents=True, exist_ok=True)
-    (root / EVAL_JSON).write_text(json.dumps(report, indent=2, ensure_ascii=False))
-    (root / EVAL_MD).write_text(markdown(report))
+    written = write_report(report, root / EVAL_JSON, root / EVAL_MD, root / EVAL_PNG)
     (root / EVAL_ITEMS).write_text("".join(json.dumps(i) + "\n" for i in world_items))
-    bar_chart(report, root / EVAL_PNG)
-    for p in (EVAL_JSON, EVAL_MD, EVAL_PNG, EVAL_ITEMS):
-        run.log_artifact(root / p)
+    for p in [*written, root / EVAL_ITEMS]:
+        run.log_artifact(p)
     run.log_artifact(root / EVAL_DIR, "eval")
