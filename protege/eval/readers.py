@@ -362,8 +362,6 @@ def _tsv_row(name: str, rec: dict, n: int, source: str, by_index: dict) -> _Row:
         for key in ("grade", "context", "source", "language", "query"):
             if get(key):
                 item.meta[key] = get(key)
-    elif name in ("mmvet", "mmvet_v2"):
-        item.meta["capability"] = _capabilities(item.category)
     elif name == "chartqa":
         answers = _literal_list(item.answer) if item.answer.startswith("[") else None
         if answers:
@@ -414,6 +412,10 @@ def _mathvista(row: _Row, question_type, answer_type, precision, unit, choices, 
 def _finish(row: _Row) -> None:
     """Rules every layout shares: option parsing from the text, gold letters, groups, empty questions."""
     item, name = row.item, row.item.benchmark
+    if name in ("mmvet", "mmvet_v2"):  # capabilities from their own field, else the TSV's category column
+        caps = item.meta.get("capability")
+        item.meta["capability"] = _capabilities(item.category if caps is None else caps)
+        item.category = ",".join(item.meta["capability"])
     if name == "mmstar" and not item.options:
         item.question, item.options = mmstar_options(item.question)
     if name == "realworldqa" and not item.options:
@@ -510,15 +512,13 @@ def _parquet_row(name: str, rec: dict, n: int, source: str, columns: list[str]) 
                 item.meta[key] = g(key)
     elif name == "mmvet":
         item.index = g("question_id")
-        item.meta["capability"] = _capabilities(rec.get("capability"))
-        item.category = ",".join(item.meta["capability"])
+        item.meta["capability"] = rec.get("capability")
         if g("image_source"):
             item.meta["image_source"] = g("image_source")
     elif name == "mmvet_v2":
         item.index = g("id") or g("question_id")
         item.question, names = split_markers(item.question)
-        item.meta["capability"] = _capabilities(rec.get("capability"))
-        item.category = ",".join(item.meta["capability"])
+        item.meta["capability"] = rec.get("capability")
         if g("added_in"):
             item.meta["added_in"] = g("added_in")
         row.raw_images, row.image_column = _v2_images(rec, names)
@@ -626,8 +626,7 @@ def _read_json(name: str, path: Path) -> list[_Row]:
     for n, (key, rec) in enumerate(entries, start=1):
         item = BenchItem(benchmark=name, index=key, question=_text(rec.get("question")), images=[],
                          answer=_text(rec.get("answer")).strip(), source=str(path), row=n)
-        item.meta["capability"] = _capabilities(rec.get("capability"))
-        item.category = ",".join(item.meta["capability"])
+        item.meta["capability"] = rec.get("capability")
         item.question, names = split_markers(item.question)
         if rec.get("added_in"):
             item.meta["added_in"] = _text(rec["added_in"])

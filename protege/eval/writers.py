@@ -181,6 +181,8 @@ def _parquet(name: str, items: list[BenchItem], path: Path) -> None:
 
     records, images, types = [], {}, {}
     numeric = all(x.index.isdigit() for x in items)  # MMBench / MMStar index is an int64 column when it can be
+    # the option columns every row of the file gets (computed once: MMBench files hold thousands of rows)
+    letters = [L for L in LETTERS if any(L in x.options for x in items)] or list("ABCD")
     for it in items:
         opts = list(it.options.values())
         if name == "ai2d":
@@ -219,7 +221,6 @@ def _parquet(name: str, items: list[BenchItem], path: Path) -> None:
                                             ("skills", pa.list_(pa.string())), ("source", pa.string()),
                                             ("split", pa.string()), ("task", pa.string())])}
         elif name in ("mmbench", "mmbench_cn"):
-            letters = [L for L in LETTERS if any(L in x.options for x in items)] or list("ABCD")
             r = {"index": int(it.index) if numeric else it.index, "question": it.question,
                  "hint": it.hint or None, "answer": it.answer}
             r.update({L: it.options.get(L) for L in letters})

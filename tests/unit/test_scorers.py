@@ -13,6 +13,7 @@ from protege.eval.scorers.letters import (
     vlmevalkit_letter,
 )
 from protege.eval.scorers.mmvet import RULE_NOTE, parse_grade, rule_grade
+from protege.eval.stats import score_of
 
 FRUIT = {"A": "Apple", "B": "Pear", "C": "Plum", "D": "Fig"}
 
@@ -150,11 +151,8 @@ def test_mmstar_macro_over_l2_categories():
     units = s.units(items, s.score(items, ["A", "A", "A", "B"]))
     assert [u.category for u in units] == ["geometry"] * 3 + ["statistics"]
     # macro: (3/3 + 0/1) / 2 = 0.5, while micro would be 3/4
-    by_cat: dict[str, list[float]] = {}
-    for u in units:
-        by_cat.setdefault(u.category, []).append(u.score)
-    assert sum(sum(v) / len(v) for v in by_cat.values()) / len(by_cat) == 0.5
-    assert sum(u.score for u in units) / len(units) == 0.75
+    assert score_of(units, s.aggregate) == 50.0
+    assert score_of(units, "micro") == 75.0
     v = scorer_for("mmstar", "vlmevalkit")
     assert v.aggregate == "micro"
     assert [u.category for u in v.units(items, v.score(items, ["A"] * 4))] == ["math"] * 4
@@ -180,7 +178,10 @@ def _rotations(group="7", category="ocr"):
 
 
 def test_rotation_golds():
-    assert [it.answer for it in _rotations()] == ["A", "D", "C", "B"]
+    items = _rotations()
+    assert [it.answer for it in items] == ["A", "D", "C", "B"]
+    s = scorer_for("mmbench")  # every copy answered with its own gold: the group counts
+    assert [u.score for u in s.units(items, s.score(items, ["A", "D", "C", "B"]))] == [1.0]
 
 
 def test_circular_group_needs_every_copy():

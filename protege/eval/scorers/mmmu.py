@@ -6,7 +6,7 @@ import re
 
 from protege.errors import UserFacingError
 from protege.eval.items import BenchItem, Scored
-from protege.eval.scorers.base import Completer, as_float, numbers_in, words_to_digits
+from protege.eval.scorers.base import as_float, numbers_in, words_to_digits
 from protege.eval.scorers.multiple_choice import ChoiceScorer
 
 _INDICATORS = ["could be ", "so ", "is ", "thus ", "therefore ", "final ", "answer ", "result "]
@@ -93,9 +93,6 @@ class MMMUScorer(ChoiceScorer):
             raise UserFacingError(f"{item.where}: multiple-choice question without options")
         read, right = open_match(prediction, item.answer)
         return Scored(item.index, read, float(right))
-
-    def score(self, items, predictions, complete: Completer | None = None):
-        return super().score(items, predictions, None)
 
 
 class MMMUProScorer(MMMUScorer):

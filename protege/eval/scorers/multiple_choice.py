@@ -13,6 +13,7 @@ from protege.eval.items import BenchItem, Scored
 from protege.eval.scorers.base import (
     Completer,
     ItemScorer,
+    as_float,
     ask,
     check_lengths,
     normalize_text,
@@ -132,16 +133,9 @@ def open_answer(prediction: str, gold: str) -> tuple[str, bool]:
         said = normalize_text(stated.group(1))
         candidates += [said, said.split()[0] if said else ""]
     for cand in candidates:
-        if cand == g or _same_number(cand, g):
+        if cand == g or (as_float(cand) is not None and as_float(cand) == as_float(g)):
             return cand, True
     return candidates[-1] if stated else resp, False
-
-
-def _same_number(a: str, b: str) -> bool:
-    try:
-        return float(a) == float(b)
-    except ValueError:
-        return False
 
 
 class VLMEvalKitChoiceScorer(ItemScorer):
@@ -188,7 +182,7 @@ class VLMEvalKitChoiceScorer(ItemScorer):
                                                      predictions[i] or "") for i in undecided])
         for i, reply in zip(undecided, replies):
             options = self.options_of(items[i])
-            letter = read_matching_reply(reply, options) if complete is not None else None
+            letter = read_matching_reply(reply, options)
             if letter:
                 out[i] = Scored(items[i].index, letter, float(letter == gold_letter(items[i], options)),
                                 "llm match")
