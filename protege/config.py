@@ -25,6 +25,7 @@ class WorldConfig(Section):
     seed: int = 1234
     n_train: int = Field(2400, ge=8)
     n_rl: int = Field(320, ge=4)
+    n_val: int = Field(160, ge=4)      # held-out slice for learning curves during RL
     n_test: int = Field(400, ge=4)
     image_size: int = Field(64, ge=16)
     vocab_size: int = Field(512, ge=300)

@@ -2,7 +2,7 @@
 from pathlib import Path
 
 WORLD = Path("data/world")
-SPLIT_TABLES = {s: WORLD / f"{s}.parquet" for s in ("train", "rl", "test")}
+SPLIT_TABLES = {s: WORLD / f"{s}.parquet" for s in ("train", "rl", "val", "test")}  # val: RL learning curves
 BASE_MODEL = Path("models/base")
 VALIDATION_REPORT = Path("reports/validation.json")
 CURATED = Path("data/curated")

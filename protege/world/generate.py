@@ -12,12 +12,12 @@ import pandas as pd
 from protege.config import WorldConfig
 from protege.world.questions import make_item
 
-SPLITS = ("train", "rl", "test")
+SPLITS = ("train", "rl", "val", "test")
 COLUMNS = ["id", "split", "kind", "question", "answer", "candidates", "options", "image", "difficulty"]
 
 
 def split_sizes(cfg: WorldConfig) -> dict[str, int]:
-    return {"train": cfg.n_train, "rl": cfg.n_rl, "test": cfg.n_test}
+    return {"train": cfg.n_train, "rl": cfg.n_rl, "val": cfg.n_val, "test": cfg.n_test}
 
 
 def _png(image) -> bytes:
