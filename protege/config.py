@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -163,7 +163,16 @@ class RLConfig(SamplingConfig):
     zero_stage: Literal[2, 3] = 2
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     offload_idle: bool = True                     # reference model / discriminator on the device only while used
+    # learning curve: greedy accuracy on the world's val split at step 0, every eval_every steps and at the end
+    eval_every: int = Field(10, ge=0)             # 0: no learning curve
+    eval_items: int = Field(160, ge=1)            # val rows used (the first ones)
+    # the rl_baseline stage: the same run (seed, steps, lr, group size, ...) with this algorithm; null: none
+    baseline: Literal["dr_grpo", "grpo", "ril"] | None = "dr_grpo"
 
+    @field_validator("baseline", mode="before")
+    @classmethod
+    def _none_means_no_baseline(cls, v):
+        return None if isinstance(v, str) and v.lower() == "none" else v
 
     @model_validator(mode="after")
     def _judge_needs_model(self) -> "RLConfig":

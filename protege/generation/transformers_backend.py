@@ -69,6 +69,7 @@ def generate_answers(model, processor: StudentProcessor, questions: list[str], i
     texts, tokens, t0 = [], [], time.perf_counter()
     for i in range(0, len(questions), batch_size):
         batch = processor.encode_prompts(questions[i:i + batch_size], images[i:i + batch_size])
+        batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}  # e.g. RL on CUDA
         c = sample(model, processor, batch, sampling, num_return_sequences)
         texts += c.texts
         tokens += c.completion_mask.sum(dim=1).tolist()

@@ -42,6 +42,9 @@ class RLInputs:
     teacher_answers: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # question id -> (teacher, text)
     discriminator: torch.nn.Module | None = None
     judge: Callable[[list[str], list[str], list[str]], list[float]] | None = None  # None: the rule-based judge
+    # the learning curve: called as evaluator(step, policy) at step 0, every rl.eval_every steps and at the last
+    # step (rank 0 only); it must not sample: greedy decoding leaves the run's random generators untouched
+    evaluator: Callable[[int, torch.nn.Module], None] | None = None
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
@@ -51,10 +54,10 @@ def checkpoint_dir(out_dir: Path, step: int) -> Path:
 def fingerprint(cfg: RLConfig, seed: int) -> str:
     """Identifies the run a resume state belongs to: a state from other params is never resumed.
 
-    The number of processes counts (each holds its own optimizer partition and RNG); offload_idle does
-    not, since it never changes a result.
+    The number of processes counts (each holds its own optimizer partition and RNG); offload_idle, the
+    learning curve's settings and the baseline's algorithm do not, since they never change this run's result.
     """
-    params = cfg.model_dump(exclude={"offload_idle"})
+    params = cfg.model_dump(exclude={"offload_idle", "eval_every", "eval_items", "baseline"})
     return hashlib.sha256(json.dumps([params, seed, world()[1]], sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -63,6 +66,11 @@ def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: ra
     if not pool:
         return []
     return rng.sample(pool, G) if len(pool) >= G else [rng.choice(pool) for _ in range(G)]
+
+
+def eval_due(step: int, cfg: RLConfig) -> bool:
+    """Learning-curve points: step 0 (before any update), every eval_every steps, the last step."""
+    return cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps)
 
 
 def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], per_question: int,
@@ -138,6 +146,18 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                       py_rng=rng, device=device, rank=rank)
         order, start = meta["cursor"]["order"], meta["step"] + 1
         saved = sorted(out_dir.glob("step-*"))
+
+    def after_update(step: int) -> None:  # the learning curve's hook, on the weights after `step` updates
+        if inputs.evaluator is None or not eval_due(step, cfg):
+            return
+        # whole weights under ZeRO-3 (collective), one evaluating process; greedy, and the RNG states are
+        # restored anyway, so a run with the curve on ends with the same weights as one with it off
+        with updater.gathered(), torch.random.fork_rng(devices=[] if device.type != "cuda" else None):
+            if rank == 0:
+                inputs.evaluator(step, policy)
+
+    if start == 1:
+        after_update(0)
     for step in range(start, cfg.steps + 1):
         t0 = time.perf_counter()
         # 1. questions for this step (epoch-wise shuffle)
@@ -208,6 +228,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             raise FloatingPointError(f"RL loss is {loss.item()} at step {step}; last good checkpoint: "
                                      f"{saved[-1] if saved else 'none (the SFT model)'}")
         updater.step(loss)
+        seconds = time.perf_counter() - t0  # the step itself: the curve's evaluation and saves are not in it
+        after_update(step)  # before the state save: a resumed run never misses a point
 
         if step % cfg.save_every == 0 or step == cfg.steps:
             saved.append(checkpoint_dir(out_dir, step))
@@ -219,7 +241,6 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                            py_rng=rng, cursor={"order": order}, fingerprint=fp, device=device, rank=rank,
                            world_size=world_size, barrier=barrier)
         if on_log:
-            seconds = time.perf_counter() - t0
             mask = mask.cpu()
             n_tok = float(mask.sum())
             s_rows, t_rows = ~is_teacher, is_teacher

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import importlib
 
-STAGES = ("world", "mini_benchmarks", "validate", "sft", "curate", "teachers", "rollouts", "disc_pretrain", "rl", "merge",
-          "evaluate", "promote")
+STAGES = ("world", "mini_benchmarks", "validate", "sft", "curate", "teachers", "rollouts", "disc_pretrain", "rl",
+          "rl_baseline", "merge", "evaluate", "promote")
 
 
 def stage_module(name: str):

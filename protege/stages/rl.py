@@ -2,17 +2,21 @@
 
 The full training state is kept in models/rl/state; a run killed at any step and started again with the
 same params resumes from the last state and ends with the same weights. A state from other params is
-discarded with the checkpoints beside it.
+discarded with the checkpoints beside it. The learning curve (greedy accuracy on the world's val split
+every rl.eval_every steps) goes to MLflow and to reports/rl/learning_curve.csv (DVC plots).
+`train` is the whole recipe; the rl_baseline stage runs it with another algorithm into its own folders.
 """
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
 import pandas as pd
 
 from protege.config import Config
-from protege.data.rows import load_rows
+from protege.data.rows import Row, load_rows
+from protege.eval.accuracy import evaluate_rows
 from protege.models.discriminator import Discriminator
 from protege.models.student import load_student
 from protege.paths import (
@@ -20,15 +24,18 @@ from protege.paths import (
     DISCRIMINATOR,
     RL_CHECKPOINTS,
     SFT_MODEL,
+    SPLIT_TABLES,
     TEACHER_ANSWERS,
 )
 from protege.rewards.llm_judge import LLMJudge
 from protege.rl.checkpoint import read_state
 from protege.rl.loop import RLInputs, fingerprint, run_rl
+from protege.rl.updaters import world
 from protege.stages.common import say, step_logger, write_stage_metrics
 from protege.teachers.factory import build_teacher
 
 STATE = "state"
+CURVE = Path("reports/rl/learning_curve.csv")  # DVC plots: step, accuracy, one column per question kind
 
 
 def prepare_out_dir(out: Path, fp: str) -> int:
@@ -56,41 +63,114 @@ def teacher_answers(root: Path) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def run(cfg: Config, root: Path, run) -> None:
+class LearningCurve:
+    """Greedy accuracy of the policy on held-out rows at some steps: MLflow metrics `val_accuracy` and
+    `val_accuracy.<kind>`, and a CSV (step, accuracy, one column per kind) rewritten at every point.
+
+    A resumed run keeps the points up to the step it resumes after and evaluates the rest again.
+    """
+
+    def __init__(self, path: Path, rows: list[Row], processor, batch_size: int, max_new_tokens: int, run=None,
+                 resumed_after: int = 0):
+        self.path, self.rows, self.processor, self.run = path, rows, processor, run
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.kinds = sorted({r.kind for r in rows if r.kind})
+        self.columns = ["step", "accuracy", *self.kinds]
+        self.points: list[dict] = []
+        if resumed_after and path.exists():
+            old = pd.read_csv(path)
+            if list(old.columns) == self.columns:  # other columns: other val rows, evaluate again
+                self.points = old[old["step"] <= resumed_after].to_dict("records")
+        if world()[0] == 0:  # under DeepSpeed the evaluating process owns the file
+            self._write()
+
+    def __call__(self, step: int, policy) -> None:
+        summary, _ = evaluate_rows(policy, self.processor, self.rows, self.batch_size, self.max_new_tokens)
+        point = {"step": step, "accuracy": summary["accuracy"],
+                 **{k: summary["per_kind"].get(k, math.nan) for k in self.kinds}}
+        self.points = [p for p in self.points if p["step"] < step] + [point]
+        self._write()
+        if self.run is not None:
+            self.run.log_metrics({"val_accuracy": point["accuracy"],
+                                  **{f"val_accuracy.{k}": point[k] for k in self.kinds}}, step=step)
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        pd.DataFrame(self.points, columns=self.columns).to_csv(tmp, index=False)
+        tmp.replace(self.path)
+
+
+def empty_curve(path: Path) -> None:
+    """The curve's CSV with no point (no val split, or rl.eval_every 0): DVC expects the file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("step,accuracy\n")
+
+
+def learning_curve(cfg: Config, root: Path, run, processor, path: Path, resumed_after: int,
+                   stage: str) -> LearningCurve | None:
     c = cfg.rl
+    val = root / SPLIT_TABLES["val"]
+    if c.eval_every == 0 or not val.exists():
+        empty_curve(root / path)
+        say(stage, "no learning curve: " + ("rl.eval_every is 0" if c.eval_every == 0 else
+                                            f"{SPLIT_TABLES['val']} is absent"))
+        return None
+    rows = load_rows(val)[:c.eval_items]
+    run.log_input(SPLIT_TABLES["val"], context="learning_curve")
+    say(stage, f"learning curve: greedy accuracy on {len(rows)} val questions every {c.eval_every} steps -> {path}")
+    return LearningCurve(root / path, rows, processor, cfg.evaluate.batch_size, c.max_new_tokens, run, resumed_after)
+
+
+def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel: Path, stage: str,
+          model_name: str) -> dict:
+    """The RL run of `cfg.rl` with `algorithm`, from the SFT checkpoint into `out_rel` (checkpoints + resume
+    state), its learning curve into `curve_rel`; logs to `run`, writes reports/stages/<stage>.json and
+    returns that summary."""
+    c = cfg.rl.model_copy(update={"algorithm": algorithm})
     run.log_params(c.model_dump(), "rl.")
+    ril = algorithm == "ril"
     for rel, ctx in ((CURATED_RL, "questions"), (SFT_MODEL, "init"), (TEACHER_ANSWERS, "teacher_answers"),
                      (DISCRIMINATOR, "discriminator")):
-        if (root / rel).exists():
+        if (root / rel).exists() and (ril or rel not in (TEACHER_ANSWERS, DISCRIMINATOR)):
             run.log_input(rel, context=ctx)
     policy, processor = load_student(root / SFT_MODEL)
     ref, _ = load_student(root / SFT_MODEL)
-    out = root / RL_CHECKPOINTS
+    out = root / out_rel
     resumed = prepare_out_dir(out, fingerprint(c, cfg.seed))
     judge = None
     if c.judge == "llm":
         judge = LLMJudge(build_teacher(c.judge_model, root, 0.0, cfg.seed), out / "judge_verdicts.jsonl")
-    inputs = RLInputs(load_rows(root / CURATED_RL), teacher_answers(root),
-                      Discriminator.load(root / DISCRIMINATOR) if c.algorithm == "ril" else None, judge)
-    say("rl", f"{c.algorithm}: {c.steps} steps x {c.questions_per_step} questions x {c.group_size} samples"
-              + (f" + {c.group_size} teacher answers" if c.algorithm == "ril" and c.teacher_in_group else "")
-              + f", trainable={c.trainable}" + (f"; resuming after step {resumed}" if resumed else ""))
+    curve = learning_curve(cfg, root, run, processor, curve_rel, resumed, stage)
+    inputs = RLInputs(load_rows(root / CURATED_RL), teacher_answers(root) if ril else {},
+                      Discriminator.load(root / DISCRIMINATOR) if ril else None, judge, evaluator=curve)
+    say(stage, f"{algorithm}: {c.steps} steps x {c.questions_per_step} questions x {c.group_size} samples"
+               + (f" + {c.group_size} teacher answers" if ril and c.teacher_in_group else "")
+               + f", trainable={c.trainable}" + (f"; resuming after step {resumed}" if resumed else ""))
     history: list[dict] = []
-    log_step = step_logger("rl", run, every_print=max(1, c.steps // 10))
+    log_step = step_logger(stage, run, every_print=max(1, c.steps // 10))
 
     def log(step: int, metrics: dict) -> None:
         history.append(metrics)
         log_step(step, metrics)
 
     saved = run_rl(policy, ref, processor, inputs, c, out, cfg.seed, on_log=log, state_dir=out / STATE)
-    run.log_model(saved[-1], "rl-final", params=c.model_dump())
-    summary = {"checkpoints": len(saved), "resumed_after_step": resumed}
+    run.log_model(saved[-1], model_name, params=c.model_dump())
+    summary = {"algorithm": algorithm, "checkpoints": len(saved), "resumed_after_step": resumed}
     if history:
         k = max(1, len(history) // 4)
         for key in ("reward", "answer_reward_student", "similarity_reward_student", "disc_accuracy"):
             if key in history[0]:
                 summary[f"{key}_first_quarter"] = sum(h[key] for h in history[:k]) / k
                 summary[f"{key}_last_quarter"] = sum(h[key] for h in history[-k:]) / k
-    write_stage_metrics(root, "rl", summary)
-    say("rl", " ".join(f"{k}={v:.3f}" for k, v in summary.items() if isinstance(v, float))
-        + f"; {len(saved)} checkpoints -> {RL_CHECKPOINTS}")
+    if curve is not None and curve.points:
+        summary["val_accuracy_first"] = float(curve.points[0]["accuracy"])
+        summary["val_accuracy_last"] = float(curve.points[-1]["accuracy"])
+    write_stage_metrics(root, stage, summary)
+    say(stage, " ".join(f"{k}={v:.3f}" for k, v in summary.items() if isinstance(v, float))
+        + f"; {len(saved)} checkpoints -> {out_rel}")
+    return summary
+
+
+def run(cfg: Config, root: Path, run) -> None:
+    train(cfg, root, run, cfg.rl.algorithm, RL_CHECKPOINTS, CURVE, "rl", "rl-final")

@@ -200,3 +200,27 @@ def test_cuda_without_cuda_is_a_user_error(tiny_student, tiny_processor, rows, t
     with pytest.raises(UserFacingError, match="rl.device is 'cuda'"):
         run_rl(tiny_student, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows),
                RLConfig(**BASE, device="cuda"), tmp_path, seed=0)
+
+
+def test_learning_curve_changes_no_weight_and_runs_at_its_steps(tiny_student, tiny_processor, tiny_world, rows,
+                                                                 tmp_path):
+    from protege.eval.accuracy import evaluate_rows
+
+    val = load_rows(tiny_world / "val.parquet")[:4]
+    finals, seen = [], []
+
+    def evaluator(step, policy):
+        summary, _ = evaluate_rows(policy, tiny_processor, val, batch_size=4, max_new_tokens=4)
+        torch.rand(3)  # even a hook that draws random numbers leaves the run's generator where it was
+        seen.append((step, summary["accuracy"]))
+
+    for every in (2, 0):
+        # ril: the teacher answers in the group make the advantages non-zero, so the weights move
+        policy, disc = copy.deepcopy(tiny_student), disc_from(tiny_student)
+        cfg = RLConfig(**{**BASE, "steps": 3}, algorithm="ril", eval_every=every)
+        run_rl(policy, copy.deepcopy(tiny_student), tiny_processor,
+               RLInputs(rows, teacher_answers(rows), disc, evaluator=evaluator), cfg, tmp_path / str(every), seed=0)
+        finals.append({**policy.state_dict(), **{f"disc.{k}": v for k, v in disc.state_dict().items()}})
+    assert [s for s, _ in seen] == [0, 2, 3]  # step 0, every 2 steps, the last step; none with eval_every 0
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+    assert any(not torch.equal(finals[0][k], v) for k, v in tiny_student.state_dict().items())
