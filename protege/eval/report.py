@@ -2,12 +2,21 @@
 
 report = {"suite", "protocol", "bootstrap", "benchmarks": {name: file}, "candidate", "score",
           "models": {model: {"average", "average_ci", "benchmarks": {name: summary}, "mean_tokens",
-                             "mean_latency_s", "seconds_per_answer", "world_test"?: {...}}}}
+                             "mean_latency_s", "seconds_per_answer", "world_test"?: world_summary(...)}},
+          "differences"?: {"B - A": {"a", "b", "world_test": paired_bootstrap(...), "average": {...}}}}
+
+World test figures are fractions (0-1); benchmark scores and every difference are in percent / points.
 """
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter, defaultdict
 from pathlib import Path
+
+from protege.eval.compare import compare, read_units
+from protege.eval.items import Unit
+from protege.eval.stats import bootstrap_ci, paired_bootstrap
 
 
 def suite_label(ev) -> str:
@@ -30,6 +39,64 @@ def model_metrics(summary: dict, prefix: str = "") -> dict[str, float]:
             **{f"{prefix}{b}.score": s["score"] for b, s in summary["benchmarks"].items()}}
 
 
+def normalise_answer(text: str) -> str:
+    """Case, surrounding spaces and punctuation, inner whitespace: "The  Red." and "the red" are one answer."""
+    return " ".join(re.sub(r"[^\w\s.-]", " ", text.lower()).split()).strip(".")
+
+
+def best_constant(references: list[str]) -> tuple[str, float]:
+    """The answer that is most often the gold one, and the accuracy of always giving it (ties: first seen)."""
+    if not references:
+        return "", float("nan")
+    counts = Counter(normalise_answer(r) for r in references)
+    answer, n = counts.most_common(1)[0]
+    return answer, n / len(references)
+
+
+def distinct_answers(items: list[dict]) -> int:
+    """How many different answers a model gave: the judge's extracted answer, else the stripped prediction."""
+    return len({normalise_answer(i["extracted"] if i.get("extracted") is not None else i["prediction"].strip())
+                for i in items})
+
+
+def world_summary(summary: dict, items: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
+    """`evaluate_rows`' summary with a 95% bootstrap CI on the accuracy and, per question kind, the accuracy,
+    the best constant answer's accuracy (what a model answering one word per kind would get) and the number
+    of distinct answers given (a model collapsing onto one answer shows 1)."""
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for i in items:
+        by_kind[i["kind"]].append(i)
+    lo, hi = bootstrap_ci([Unit(i["id"], i["correct"]) for i in items], "micro", n_boot, seed)
+    per_kind = {}
+    for kind, its in sorted(by_kind.items()):
+        answer, const = best_constant([i["reference"] for i in its])
+        per_kind[kind] = {"accuracy": sum(i["correct"] for i in its) / len(its), "best_constant": const,
+                          "best_constant_answer": answer, "distinct_answers": distinct_answers(its), "n": len(its)}
+    return {**summary, "ci": [lo / 100, hi / 100], "per_kind": per_kind}
+
+
+def verdict(ci: list[float]) -> str:
+    return "CI above zero" if ci[0] > 0 else "CI below zero" if ci[1] < 0 else "CI crosses zero"
+
+
+def paired_differences(pairs: list[tuple[str, str]], world_items: dict[str, list[dict]],
+                       eval_dir: Path | None, n_boot: int = 1000, seed: int = 0) -> dict:
+    """B - A for each (A, B) pair, in points with 95% paired-bootstrap CIs: on the world test split (paired by
+    question id) and on the benchmark average (paired by benchmark item, from eval_dir/MODEL/NAME/units.json)."""
+    out = {}
+    for a, b in pairs:
+        d: dict = {"a": a, "b": b}
+        if a in world_items and b in world_items:
+            w = paired_bootstrap({i["id"]: i["correct"] for i in world_items[a]},
+                                 {i["id"]: i["correct"] for i in world_items[b]}, n_boot, seed)
+            d["world_test"] = {**w, "verdict": verdict(w["ci"])}
+        if eval_dir is not None:
+            avg = compare(read_units(eval_dir / a), read_units(eval_dir / b), n_boot, seed)["average"]
+            d["average"] = {**avg, "verdict": verdict(avg["ci"])}
+        out[f"{b} - {a}"] = d
+    return out
+
+
 def write_report(report: dict, json_path: Path, md_path: Path, png_path: Path) -> list[Path]:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=2, ensure_ascii=False))
@@ -46,7 +113,7 @@ def markdown(report: dict) -> str:
     models = report["models"]
     names = list(report["benchmarks"])
     suite = "the 14 mini benchmarks of the embedded world" if report["suite"] == "mini" else "benchmark files"
-    lines = [f"# Evaluation on {suite}", "",
+    lines = [f"# Evaluation on {suite}", "", *side_by_side(report), "## Benchmarks", "",
              (f"Scores in percent with 95% bootstrap CIs ({report['bootstrap']} resamples); scoring protocol "
               f"`{report['protocol']}`. Average = unweighted mean over {len(names)} benchmarks. Chance = the "
               "expected score of guessing a listed option at random (open questions: 0)."), "",
@@ -77,12 +144,67 @@ def markdown(report: dict) -> str:
     notes = [(b, note, n) for b in names for note, n in c[b]["notes"].items()]
     if notes:
         lines += ["", "## Scoring notes", ""] + [f"- {b}: {n} item(s): {note}" for b, note, n in notes]
-    if all("world_test" in m for m in models.values()):
-        w = next(iter(models.values()))["world_test"]
-        lines += ["", f"## World test split ({w['items']} questions, chance {w['chance']:.3f})", "",
-                  "| model | accuracy |", "|---|---|"]
-        lines += [f"| {name} | {m['world_test']['accuracy']:.3f} |" for name, m in models.items()]
     return "\n".join(lines) + "\n"
+
+
+def _diff_cell(d: dict | None, digits: int = 1) -> str:
+    if d is None:
+        return "| | |"
+    return f"{d['diff']:+.{digits}f} | [{d['ci'][0]:+.{digits}f}, {d['ci'][1]:+.{digits}f}] | {d['verdict']}"
+
+
+def headline(diff: dict) -> str:
+    """One sentence: does B beat A, on the world test split and on the benchmark average?"""
+    a, b = diff["a"], diff["b"]
+    parts = []
+    for key, label in (("world_test", "world test split"), ("average", "benchmark average")):
+        if key in diff:
+            d = diff[key]
+            outcome = {"CI above zero": f"`{b}` beats `{a}`", "CI below zero": f"`{b}` is worse than `{a}`"}.get(
+                d["verdict"], "no difference shown")
+            parts.append(f"{label} {d['diff']:+.1f} points, 95% CI [{d['ci'][0]:+.1f}, {d['ci'][1]:+.1f}]: "
+                         f"{d['verdict']}, {outcome}")
+    return f"**{b} - {a}**: " + "; ".join(parts) + "."
+
+
+def side_by_side(report: dict) -> list[str]:
+    """SFT -> RL -> merged (-> baseline) in one table with CIs, then the paired differences; [] for a report
+    without world test figures (an `eval run` of one model)."""
+    models = report["models"]
+    if not models or not all("ci" in m.get("world_test", {}) for m in models.values()):
+        return []
+    first = next(iter(models.values()))["world_test"]
+    names = list(models)
+    lines = [f"## {' -> '.join(names)}", ""]
+    diffs = report.get("differences", {})
+    if diffs:
+        lines += [headline(d) for d in diffs.values()] + [""]
+    lines += [(f"World test split: {first['items']} questions (accuracy 0-1, chance of guessing a listed option "
+               f"{first['chance']:.3f}); benchmark average in percent; 95% bootstrap CIs. Per question kind: the "
+               "accuracy, next to the best constant answer's accuracy (always giving the answer that is most often "
+               "right for that kind) and the number of distinct answers the model gives."), "",
+              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
+              "| **world test accuracy** | " + " | ".join(
+                  f"**{m['world_test']['accuracy']:.3f}** [{m['world_test']['ci'][0]:.3f}, "
+                  f"{m['world_test']['ci'][1]:.3f}]" for m in models.values()) + " |",
+              "| **benchmark average** | " + " | ".join(f"**{_cell(m['average'], m['average_ci'])}**"
+                                                        for m in models.values()) + " |"]
+    for kind, k in first["per_kind"].items():
+        if not isinstance(k, dict):
+            continue
+        lines.append(f"| {kind}: accuracy (n={k['n']}; best constant {k['best_constant']:.3f}, "
+                     f"\"{k['best_constant_answer']}\") | " + " | ".join(
+                         f"{m['world_test']['per_kind'][kind]['accuracy']:.3f}" for m in models.values()) + " |")
+        lines.append(f"| {kind}: distinct answers | " + " | ".join(
+            str(m["world_test"]["per_kind"][kind]["distinct_answers"]) for m in models.values()) + " |")
+    if diffs:
+        lines += ["", "Paired differences B - A in points (percent), 95% paired-bootstrap CIs: world test paired by "
+                      "question, benchmark average by benchmark item (each benchmark resampled on its own; means over items, "
+                      "while MMStar's own score is a mean over its categories).", "",
+                  "| B - A | world test | 95% CI | | benchmark average | 95% CI | |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {label} | {_diff_cell(d.get('world_test'))} | {_diff_cell(d.get('average'), 2)} |"
+                  for label, d in diffs.items()]
+    return lines + [""]
 
 
 def bar_chart(report: dict, path: Path) -> Path:

@@ -1,5 +1,7 @@
-"""evaluate: the 14 benchmarks (mini or real files) for the SFT, final RL and merged models, plus the
-world's test split; report with bootstrap CIs (markdown, JSON, bar chart), logged to MLflow."""
+"""evaluate: the 14 benchmarks (mini or real files) for the SFT, final RL and merged models (and the final
+checkpoint of the rl_baseline stage, when it ran), plus the world's test split; report with bootstrap CIs,
+per question kind figures and the paired differences SFT -> RL -> merged (markdown, JSON, bar chart),
+logged to MLflow."""
 from __future__ import annotations
 
 import json
@@ -9,7 +11,14 @@ from pathlib import Path
 from protege.config import Config
 from protege.data.rows import load_rows
 from protege.eval.accuracy import evaluate_rows
-from protege.eval.report import model_metrics, new_report, write_report
+from protege.eval.report import (
+    headline,
+    model_metrics,
+    new_report,
+    paired_differences,
+    world_summary,
+    write_report,
+)
 from protege.eval.suite import (
     benchmark_files,
     completer_for,
@@ -30,13 +39,25 @@ from protege.paths import (
     SPLIT_TABLES,
 )
 from protege.stages.common import say
+from protege.stages.rl_baseline import RL_BASELINE, baseline_algorithm
 
 CANDIDATE = "merged"  # the pipeline's output, the one `promote` considers
 
 
 def models_to_evaluate(root: Path) -> dict[str, Path]:
+    """sft, rl_final, merged, and `<algorithm>_final` for the rl_baseline stage's last checkpoint if it ran."""
     last_rl = max((root / RL_CHECKPOINTS).glob("step-*"))
-    return {"sft": SFT_MODEL, "rl_final": last_rl.relative_to(root), CANDIDATE: MERGED_MODEL}
+    models = {"sft": SFT_MODEL, "rl_final": last_rl.relative_to(root), CANDIDATE: MERGED_MODEL}
+    algorithm = baseline_algorithm(root)
+    if algorithm is not None:
+        models[f"{algorithm}_final"] = max((root / RL_BASELINE).glob("step-*")).relative_to(root)
+    return models
+
+
+def pairs_to_compare(models: list[str]) -> list[tuple[str, str]]:
+    """(A, B) for B - A: rl_final - sft, merged - sft, and rl_final - the baseline."""
+    pairs = [("sft", "rl_final"), ("sft", CANDIDATE)]
+    return pairs + [(m, "rl_final") for m in models if m not in ("sft", "rl_final", CANDIDATE)]
 
 
 def run(cfg: Config, root: Path, run) -> None:
@@ -54,21 +75,32 @@ def run(cfg: Config, root: Path, run) -> None:
         shutil.rmtree(root / EVAL_DIR)  # a model or benchmark dropped since the last run must not linger
     test_rows = load_rows(root / SPLIT_TABLES["test"])
     report = new_report(ev, files, CANDIDATE)
-    world_items = []
-    for model_name, rel in models_to_evaluate(root).items():
+    world_items, items_by_model = [], {}
+    models = models_to_evaluate(root)
+    for model_name, rel in models.items():
         run.log_input(rel, context=f"model:{model_name}")
         model, processor = load_student(root / rel)
         summary = evaluate_model(model, processor, suite, ev, root / EVAL_DIR / model_name, complete, cfg.seed,
                                  log=lambda m, n=model_name: say("evaluate", f"{n} {m}"), grader=grader)
         world, items = evaluate_rows(model, processor, test_rows, ev.batch_size, ev.max_new_tokens)
+        world = world_summary(world, items, ev.bootstrap, cfg.seed)
+        items_by_model[model_name] = items
         world_items += [{"model": model_name, **i} for i in items]
         report["models"][model_name] = {"path": str(rel), **summary, "world_test": world}
         run.log_metrics({**model_metrics(summary, f"{model_name}."),
                          f"{model_name}.world_test.accuracy": world["accuracy"]})
         lo, hi = summary["average_ci"]
+        wlo, whi = world["ci"]
         say("evaluate", f"{model_name}: average {summary['average']:.1f} [{lo:.1f}, {hi:.1f}] over "
-                        f"{len(suite)} benchmarks; world test accuracy {world['accuracy']:.3f}")
+                        f"{len(suite)} benchmarks; world test accuracy {world['accuracy']:.3f} [{wlo:.3f}, {whi:.3f}]")
     report["score"] = report["models"][CANDIDATE]["average"]
+    report["differences"] = paired_differences(pairs_to_compare(list(models)), items_by_model, root / EVAL_DIR,
+                                               ev.bootstrap, cfg.seed)
+    for label, d in report["differences"].items():
+        key = label.replace(" ", "")
+        run.log_metrics({f"diff.{key}.world_test": d["world_test"]["diff"],
+                         f"diff.{key}.average": d["average"]["diff"]})
+        say("evaluate", headline(d))
     written = write_report(report, root / EVAL_JSON, root / EVAL_MD, root / EVAL_PNG)
     (root / EVAL_ITEMS).write_text("".join(json.dumps(i) + "\n" for i in world_items))
     for p in [*written, root / EVAL_ITEMS]:
