@@ -2,13 +2,18 @@
 
 It answers every request after a fixed latency with a deterministic text, and can be told to fail:
 `fail_first` requests get HTTP 500 before it recovers, or after `fail_after` successes it fails for good.
-It never runs a model; point the `openai` teacher backend at a real server for real answers.
+With `--judge` it acts as an LLM judge: it reads the ground truth and the response out of the LLM judge's
+prompt (`protege.rewards.llm_judge.PROMPT`) and answers "yes" or "no" by the rule-based judge, with the
+question's candidate answers looked up in `--judge-rows` tables (parquet with question, answer,
+candidates) when given. It never runs a model; point the `openai` backend at a real server for real answers.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import hashlib
+import json
+import re
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +27,40 @@ class ServerBehaviour:
     status_on_failure: int = 500
     reply: object = None  # optional callable(prompt text) -> answer text (e.g. a judge's verdict)
     counts: dict = field(default_factory=lambda: {"requests": 0, "answered": 0, "failed": 0})
+
+
+_JUDGE_PROMPT = re.compile(r"Question: (?P<question>.*?)\nGround-truth answer: (?P<reference>.*?)\n.*?"
+                           r"<<<RESPONSE\n(?P<response>.*)\nRESPONSE>>>", re.S)
+
+
+def rule_verdicts(tables: list[str] = ()):
+    """A `reply` for ServerBehaviour: grades the LLM judge's prompt with the rule-based judge.
+
+    Candidates come from the tables' rows with the same question and answer; without them an option
+    letter is read among A-J, a number as the response's last number, and any other answer must be the
+    whole response (case and punctuation aside).
+    """
+    import pandas as pd
+
+    from protege.rewards.judge import rule_judge
+
+    known: dict[tuple[str, str], list[str]] = {}
+    for table in tables:
+        df = pd.read_parquet(table, columns=["question", "answer", "candidates"])
+        for q, a, c in zip(df["question"], df["answer"], df["candidates"]):
+            known[(q, a)] = json.loads(c or "[]")
+
+    def reply(prompt: str) -> str:
+        m = _JUDGE_PROMPT.search(prompt)
+        if m is None:
+            return "I can only grade the LLM judge's prompt."
+        q, ref, resp = m["question"], m["reference"], m["response"]
+        cands = known.get((q, ref))
+        if cands is None:
+            cands = list("ABCDEFGHIJ") if re.fullmatch(r"[A-J]", ref) else None
+        return "yes" if rule_judge(ref, resp, cands) else "no"
+
+    return reply
 
 
 def make_app(b: ServerBehaviour):
@@ -87,8 +126,12 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
     ap.add_argument("--fail-first", type=int, default=0)
     ap.add_argument("--fail-after", type=int, default=None)
+    ap.add_argument("--judge", action="store_true", help="grade LLM-judge prompts with the rule-based judge")
+    ap.add_argument("--judge-rows", nargs="*", default=[], help="parquet tables (question, answer, candidates) "
+                                                                "whose candidates the judge reads answers among")
     args = ap.parse_args()
-    b = ServerBehaviour(args.latency, args.fail_first, args.fail_after)
+    b = ServerBehaviour(args.latency, args.fail_first, args.fail_after,
+                        reply=rule_verdicts(args.judge_rows) if args.judge else None)
     web.run_app(make_app(b), host=args.host, port=args.port, access_log=None, print=lambda *a: None)
 
 
