@@ -217,6 +217,51 @@ def eval_compare(run_a: str = typer.Argument(..., help="MLflow run id of A (eval
         _fail(str(exc), code=1)
 
 
+@app.command()
+def study(file: Path = typer.Argument(..., help="study file (YAML): variants, seeds, baseline, claims"),
+          dry_run: bool = typer.Option(False, "--dry-run", help="list the runs (variant, seed, overrides, finished "
+                                                                "or not) and run nothing"),
+          project: Path = typer.Option(Path("."), help="project folder: its params.yaml and shared upstream "
+                                                       "artifacts (data/, models/sft, models/discriminator)"),
+          jobs: int = typer.Option(1, min=1, help="runs at once, each in its own process with one torch thread")
+          ) -> None:
+    """Train and evaluate every variant x seed of a study from the project's shared upstream artifacts, as
+    nested MLflow runs under one parent; report reports/study/NAME.{md,json,png} with CIs and verdicts."""
+    from protege.errors import UserFacingError
+    from protege.study.runner import check_upstream, plan
+    from protege.study.spec import describe, load_study
+
+    try:
+        spec = load_study(file, project)
+    except ConfigError as exc:
+        _fail(str(exc))
+    planned = plan(spec)
+    pending = [p for p in planned if not p.finished]
+    if dry_run:
+        typer.echo(f"study {spec.name} ({file}): {len(spec.variants)} variants, seeds {spec.seeds}, baseline "
+                   f"{spec.baseline}; {len(planned)} runs, {len(planned) - len(pending)} finished, {len(pending)} to run"
+                   + (f"; every variant: {describe(spec.common)}" if spec.common else ""))
+        width = max(len(p.run.variant) for p in planned)
+        for p in planned:
+            what = ("train: false (SFT checkpoint)" if not p.run.train else
+                    describe(p.run.overrides, "(the common overrides only)" if spec.common else "(params as they are)"))
+            typer.echo(f"  {p.run.variant:<{width}}  seed {p.run.seed:<4} {'finished' if p.finished else 'to run  '}  "
+                       f"{what}")
+        try:
+            check_upstream(spec, [p.run for p in pending])
+        except UserFacingError as exc:
+            typer.echo(f"note: {exc}")
+        raise typer.Exit(0)
+    try:
+        check_upstream(spec, [p.run for p in pending])
+    except UserFacingError as exc:
+        _fail(str(exc), code=1)
+    # the flow lives outside the library (the library never imports Prefect): run it as its own process
+    code = subprocess.call([sys.executable, "-m", "flows.study", "--study", str(spec.path), "--project",
+                            str(spec.project), "--jobs", str(jobs)], env=os.environ.copy())
+    raise typer.Exit(code)
+
+
 def main() -> None:
     app()
 

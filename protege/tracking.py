@@ -194,3 +194,101 @@ def download_artifacts(project_dir: Path, run_id: str, artifact_path: str, dst: 
     except (MlflowException, OSError):
         raise UserFacingError(f"MLflow run {run_id} has no '{artifact_path}' artifacts (is it an evaluate or "
                               "`protege eval run` run?)") from None
+
+
+# --- studies (`protege study`): one parent run per study, one nested run per (variant, seed) ------------------
+
+STUDY_TAG = "protege.study"
+
+
+def _experiment_id(mlflow) -> str:
+    return mlflow.get_experiment_by_name(os.environ.get(EXPERIMENT_ENV, DEFAULT_EXPERIMENT)).experiment_id
+
+
+def _live_run(client, run_id: str | None):
+    """The run if it exists and is not deleted, else None."""
+    from mlflow.exceptions import MlflowException
+
+    if not run_id:
+        return None
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return None
+    return run if run.info.lifecycle_stage == "active" else None
+
+
+def open_study_run(project_dir: Path, name: str, params: dict[str, Any], run_id: str | None = None) -> str:
+    """The study's parent run `study:<name>`: the run `run_id` reopened (a study re-run after a kill keeps
+    one parent), or a new one."""
+    mlflow = _mlflow(project_dir)
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    if _live_run(client, run_id) is not None:
+        client.update_run(run_id, status="RUNNING")
+        return run_id
+    run = client.create_run(_experiment_id(mlflow), run_name=f"study:{name}",
+                            tags={STUDY_TAG: name, "protege.study.parent": "true"})
+    for k, v in _flatten(params).items():
+        client.log_param(run.info.run_id, k, str(v)[:500])
+    return run.info.run_id
+
+
+class _ResultsOnlyRun(StageRun):
+    """A study run that keeps result files only: checkpoints are not copied into the MLflow store."""
+
+    def log_model(self, checkpoint_dir: str | Path, name: str, params: dict | None = None) -> str:
+        self.mlflow.set_tag(f"model_not_logged.{name}", "the study keeps result files only (keep_checkpoints: false)")
+        return ""
+
+
+@contextmanager
+def study_child_run(project_dir: Path, parent_run_id: str | None, name: str, tags: dict[str, str],
+                    run_id: str | None = None, log_models: bool = True, root: Path | None = None
+                    ) -> Iterator[StageRun]:
+    """A (variant, seed) run nested under the study's parent, in the project's store; `run_id` (an unfinished
+    earlier attempt of the same run) is resumed rather than duplicated. Inputs are read relative to `root`
+    (the run's folder). A run that raises ends FAILED."""
+    mlflow = _mlflow(project_dir)
+    from mlflow import MlflowClient
+
+    resume = _live_run(MlflowClient(), run_id)
+    if resume is not None:
+        active = mlflow.start_run(run_id=run_id, tags=tags)
+    else:
+        active = mlflow.start_run(run_name=name, parent_run_id=parent_run_id, tags=tags)
+    with active as run:
+        yield (StageRun if log_models else _ResultsOnlyRun)(mlflow, run, root or project_dir)
+
+
+def retire_run(project_dir: Path, run_id: str | None, why: str) -> None:
+    """Marks an earlier attempt of a study run as superseded (and KILLED if it never ended)."""
+    _mlflow(project_dir)
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    run = _live_run(client, run_id)
+    if run is None:
+        return
+    client.set_tag(run_id, "protege.superseded", why)
+    if run.info.status == "RUNNING":
+        client.set_terminated(run_id, status="KILLED")
+
+
+def close_study_run(project_dir: Path, run_id: str, status: str, metrics: dict[str, float] | None = None,
+                    tags: dict[str, str] | None = None, artifacts: list[Path] | None = None) -> None:
+    """Ends the study's parent run with its headline figures, verdict tags and report files."""
+    _mlflow(project_dir)
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    for k, v in (metrics or {}).items():
+        client.log_metric(run_id, k, float(v))
+    for k, v in (tags or {}).items():
+        client.set_tag(run_id, k, str(v)[:5000])
+    for path in artifacts or []:
+        if Path(path).exists():
+            client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id, status=status)
+

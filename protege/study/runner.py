@@ -1,0 +1,424 @@
+"""Running a study: one folder per (variant, seed) run that trains from the project's shared upstream
+artifacts, evaluates, and writes its per-item results atomically.
+
+    reports/study/<name>/runs/<variant>/seed-<k>/
+        data -> <project>/data                 shared inputs, as symlinks: the stage recipes run unchanged
+        models/sft -> <project>/models/sft     with this folder as their root
+        models/discriminator -> ...
+        models/rl/, models/merged/             written by the rl and merge stages (deleted when finished,
+                                               unless keep_checkpoints)
+        eval/<model>/                          predictions and scores per benchmark, world test answers
+        result.json                            per-item results; written last, atomically: the run is finished
+        fingerprint, mlflow_run_id, log.txt
+
+A run is finished when its result.json holds the fingerprint of its resolved params and of the upstream
+artifacts; anything else is (re)started, and the rl stage resumes from its own state where it can.
+Nothing here imports Prefect: `flows/study.py` wires these functions into a flow, and `run_study` runs
+them without one.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from protege import tracking
+from protege.errors import UserFacingError
+from protege.paths import (
+    CURATED,
+    CURATED_RL,
+    DISCRIMINATOR,
+    MERGED_MODEL,
+    MINI_BENCHMARKS,
+    RL_CHECKPOINTS,
+    SFT_MODEL,
+    SPLIT_TABLES,
+    STAGE_METRICS,
+    TEACHER_ANSWERS,
+    WORLD,
+)
+from protege.study.spec import RunSpec, Study, load_study
+
+RESULT = "result.json"
+FINGERPRINT = "fingerprint"
+MLFLOW_RUN = "mlflow_run_id"
+LOG = "log.txt"
+STATE = "study.json"                      # reports/study/<name>/study.json: the parent run id
+SHARED = (Path("data"), SFT_MODEL, DISCRIMINATOR, Path("dvc.lock"))  # linked into every run folder
+UPSTREAM = (WORLD, MINI_BENCHMARKS, CURATED, TEACHER_ANSWERS, SFT_MODEL, DISCRIMINATOR)  # in the fingerprint
+
+
+class RunFailed(UserFacingError):
+    pass
+
+
+def say(message: str) -> None:
+    from protege.stages.common import say as stage_say
+
+    stage_say("study", message)
+
+
+# ---------------------------------------------------------------------------------------------- planning
+
+
+def required_upstream(runs: list[RunSpec]) -> list[Path]:
+    need = [SPLIT_TABLES["test"], SFT_MODEL]
+    if any(r.train for r in runs):
+        need.append(CURATED_RL)
+    if any(r.train and r.config.rl.algorithm == "ril" for r in runs):
+        need += [TEACHER_ANSWERS, DISCRIMINATOR]
+    if any(r.config.evaluate.benchmarks == "mini" for r in runs):
+        need.append(MINI_BENCHMARKS)
+    return need
+
+
+def check_upstream(study: Study, runs: list[RunSpec] | None = None) -> None:
+    """The shared artifacts the runs train and evaluate from must exist: a study never computes them."""
+    missing = [str(p) for p in required_upstream(runs if runs is not None else study.runs())
+               if not (study.project / p).exists()]
+    if missing:
+        raise UserFacingError(f"{study.path}: the study trains from the project's shared upstream artifacts, and "
+                              f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing in {study.project}: "
+                              "run `make demo` (or `dvc repro disc_pretrain mini_benchmarks`) there first")
+
+
+def _stat_digest(path: Path) -> str:
+    """Cheap identity of a file or folder without a DVC lock entry: names, sizes and mtimes."""
+    if not path.exists():
+        return "absent"
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(path) if path.is_dir() else f.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def upstream_digest(project: Path) -> str:
+    parts = {str(rel): tracking.dvc_digest(project, rel) or _stat_digest(project / rel) for rel in UPSTREAM}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_fingerprint(run: RunSpec, upstream: str) -> str:
+    params = run.config.model_dump()
+    params["rl"].pop("offload_idle", None)  # placement never changes a result
+    return hashlib.sha256(json.dumps([params, run.train, upstream], sort_keys=True, default=str).encode()
+                          ).hexdigest()[:16]
+
+
+@dataclass
+class Planned:
+    run: RunSpec
+    folder: Path
+    fingerprint: str
+    finished: bool
+
+
+def read_result(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / RESULT).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def plan(study: Study) -> list[Planned]:
+    """Every run of the study with its folder and whether it has finished with these params and inputs."""
+    upstream = upstream_digest(study.project)
+    out = []
+    for run in study.runs():
+        folder = study.run_folder(run)
+        fp = run_fingerprint(run, upstream)
+        result = read_result(folder)
+        out.append(Planned(run, folder, fp, result is not None and result.get("fingerprint") == fp))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- one run
+
+
+def _link(src: Path, dst: Path) -> None:
+    if dst.is_symlink() and dst.resolve() == src.resolve():
+        return
+    if dst.is_symlink() or dst.is_file():
+        dst.unlink()
+    elif dst.is_dir():
+        shutil.rmtree(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(src, dst.parent), dst)
+
+
+def prepare_folder(study: Study, planned: Planned) -> None:
+    """The run folder with links to the shared inputs; emptied first if it holds another fingerprint's work."""
+    folder = planned.folder
+    old = (folder / FINGERPRINT).read_text().strip() if (folder / FINGERPRINT).exists() else None
+    if old is not None and old != planned.fingerprint:
+        previous = (folder / MLFLOW_RUN).read_text().strip() if (folder / MLFLOW_RUN).exists() else None
+        tracking.retire_run(study.project, previous, "its params or upstream artifacts changed; run again")
+        for entry in folder.iterdir():  # the log stays: the process that started this one may be writing it
+            if entry.name == LOG:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / FINGERPRINT).write_text(planned.fingerprint + "\n")
+    for rel in SHARED:
+        if (study.project / rel).exists():
+            _link(study.project / rel, folder / rel)
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False))
+    os.replace(tmp, path)
+
+
+def _bench_units(name: str, folder: Path, items, protocol: str) -> dict:
+    """One benchmark's units (id -> score) as the evaluation wrote them, with categories where the
+    benchmark's score is a mean over categories (MMStar)."""
+    from protege.eval.scorers import scorer_for, suite_protocol
+
+    summary = json.loads((folder / "summary.json").read_text())
+    units = json.loads((folder / "units.json").read_text())
+    out = {"score": summary["score"], "ci": summary["ci"], "aggregate": summary["aggregate"], "units": units}
+    if summary["aggregate"] == "macro":
+        scorer = scorer_for(name, suite_protocol(name, protocol))
+        cats = {it.index: scorer.unit_category(it) for it in items}
+        out["categories"] = {u: cats.get(u, "") for u in units}
+    return out
+
+
+def evaluate_models(cfg, root: Path, models: dict[str, Path], label: str) -> dict:
+    """Each model on the world's test split (per-item correctness) and on the benchmark suite (per-unit
+    scores, the 14-benchmark average with its CI)."""
+    from protege.data.rows import load_rows
+    from protege.eval.accuracy import evaluate_rows
+    from protege.eval.suite import benchmark_files, completer_for, evaluate_model, grader_prompt, load_suite
+    from protege.models.student import load_student
+
+    ev = cfg.evaluate
+    suite = load_suite(benchmark_files(ev, root), mini=ev.benchmarks == "mini")
+    complete, grader = completer_for(ev.judge, root, cfg.seed), grader_prompt(ev, root)
+    rows = load_rows(root / SPLIT_TABLES["test"])
+    out = {}
+    for name, rel in models.items():
+        model, processor = load_student(root / rel)
+        eval_dir = root / "eval" / name
+        summary = evaluate_model(model, processor, suite, ev, eval_dir, complete, cfg.seed, grader=grader,
+                                 log=lambda m, n=name: say(f"{label} {n} {m}"))
+        world, items = evaluate_rows(model, processor, rows, ev.batch_size, ev.max_new_tokens)
+        (eval_dir / "world_test.jsonl").write_text("".join(json.dumps(i, ensure_ascii=False) + "\n" for i in items))
+        out[name] = {
+            "path": str(rel),
+            "world_test": {"accuracy": world["accuracy"], "chance": world["chance"], "per_kind": world["per_kind"],
+                           "n": world["items"], "mean_tokens": world["mean_tokens"],
+                           "correct": {i["id"]: i["correct"] for i in items}},
+            "average": summary["average"], "average_ci": summary["average_ci"],
+            "mean_tokens": summary["mean_tokens"],
+            "benchmarks": {b: _bench_units(b, eval_dir / b, suite[b], ev.protocol) for b in suite},
+        }
+        say(f"{label} {name}: world test {100 * world['accuracy']:.1f}%, benchmark average "
+            f"{summary['average']:.1f} [{summary['average_ci'][0]:.1f}, {summary['average_ci'][1]:.1f}]")
+    return out
+
+
+def model_result(result: dict, model: str) -> dict:
+    """A run's results for `model` (rl_final | merged); a run without RL has only the SFT checkpoint's."""
+    return result["models"].get(model) or result["models"]["sft"]
+
+
+def cleanup(study: Study, folder: Path) -> None:
+    if not study.keep_checkpoints:
+        for rel in (RL_CHECKPOINTS, MERGED_MODEL):
+            if (folder / rel).exists():
+                shutil.rmtree(folder / rel)
+
+
+def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
+    """Runs one (variant, seed) in this process: RL + merge (unless `train: false`), evaluation, result.json.
+    Returns the result's path; a finished run is skipped."""
+    from protege.stages import merge as merge_stage
+    from protege.stages import rl as rl_stage
+
+    run, folder = planned.run, planned.folder
+    if planned.finished:
+        say(f"{run.key}: finished earlier, skipped ({folder / RESULT})")
+        cleanup(study, folder)
+        return folder / RESULT
+    prepare_folder(study, planned)
+    previous = (folder / MLFLOW_RUN).read_text().strip() if (folder / MLFLOW_RUN).exists() else None
+    cfg = run.config
+    tags = {tracking.STUDY_TAG: study.name, "protege.variant": run.variant, "protege.seed": str(run.seed),
+            "protege.stage": "study-run"}
+    t0 = time.perf_counter()
+    with tracking.study_child_run(study.project, parent_run_id, run.key, tags, run_id=previous,
+                                  log_models=study.keep_checkpoints, root=folder) as mlrun:
+        (folder / MLFLOW_RUN).write_text(mlrun.run_id + "\n")
+        mlrun.log_params({"variant": run.variant, "seed": run.seed, "train": run.train, **run.overrides})
+        if run.train:
+            say(f"{run.key}: training ({'resuming' if (folder / RL_CHECKPOINTS).exists() else 'fresh'}) in {folder}")
+            rl_stage.run(cfg, folder, mlrun)
+            merge_stage.run(cfg, folder, mlrun)
+            last = max((folder / RL_CHECKPOINTS).glob("step-*"))
+            models = {"rl_final": last.relative_to(folder), "merged": MERGED_MODEL}
+        else:
+            models = {"sft": SFT_MODEL}
+        results = evaluate_models(cfg, folder, models, run.key)
+        for name, r in results.items():
+            mlrun.log_metrics({f"{name}.world_test.accuracy": r["world_test"]["accuracy"],
+                               f"{name}.average": r["average"],
+                               **{f"{name}.{b}.score": s["score"] for b, s in r["benchmarks"].items()}})
+        headline = results.get(study.model) or results["sft"]
+        mlrun.log_metrics({"world_test.accuracy": headline["world_test"]["accuracy"],
+                           "benchmark_average": headline["average"]})
+        rl_summary = folder / STAGE_METRICS / "rl.json"
+        result = {"study": study.name, "variant": run.variant, "seed": run.seed, "train": run.train,
+                  "fingerprint": planned.fingerprint, "overrides": run.overrides, "mlflow_run_id": mlrun.run_id,
+                  "seconds": time.perf_counter() - t0, "finished_at": datetime.now(timezone.utc).isoformat(),
+                  "rl": json.loads(rl_summary.read_text()) if run.train and rl_summary.exists() else None,
+                  "models": results}
+        write_json_atomic(folder / RESULT, result)
+    cleanup(study, folder)
+    say(f"{run.key}: finished in {result['seconds']:.0f} s -> {folder / RESULT}")
+    return folder / RESULT
+
+
+def worker_command(study: Study, run: RunSpec, parent_run_id: str | None, threads: int = 1) -> list[str]:
+    return [sys.executable, "-m", "protege.study.runner", "--study", str(study.path), "--project", str(study.project),
+            "--variant", run.variant, "--seed", str(run.seed), "--parent", parent_run_id or "",
+            "--threads", str(threads)]
+
+
+def execute_isolated(study: Study, planned: Planned, parent_run_id: str | None, threads: int = 1) -> Path:
+    """`execute` in its own process (torch with `threads` threads), its output prefixed with the run's key
+    and kept in the run folder's log.txt."""
+    if planned.finished:
+        return execute(study, planned, parent_run_id)
+    planned.folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    tail: collections.deque[str] = collections.deque(maxlen=30)
+    with open(planned.folder / LOG, "a") as log, subprocess.Popen(
+            worker_command(study, planned.run, parent_run_id, threads), env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            sys.stdout.write(f"[{planned.run.key}] {line}")
+            sys.stdout.flush()
+            tail.append(line.rstrip("\n"))
+    if proc.returncode != 0:
+        detail = "\n".join(tail)
+        raise RunFailed(f"{planned.run.key} failed (exit {proc.returncode}); log {planned.folder / LOG}:\n{detail}")
+    return planned.folder / RESULT
+
+
+# ---------------------------------------------------------------------------------------------- the study
+
+
+def open_study(study: Study) -> str:
+    """The study's MLflow parent run (the same one again when a killed study is re-run)."""
+    state_path = study.out_dir / STATE
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    params = {"study_file": str(study.path), "seeds": study.seeds, "baseline": study.baseline, "model": study.model,
+              "variants": list(study.variants), "common": study.common}
+    parent = tracking.open_study_run(study.project, study.name, params, state.get("parent_run_id"))
+    study.out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(state_path, {"parent_run_id": parent, "study_file": str(study.path)})
+    return parent
+
+
+def finish_study(study: Study, parent_run_id: str | None, failed: list[str] | None = None) -> dict[str, Path]:
+    """The report from every finished run (reports/study/<name>.{md,json,png}); closes the parent run."""
+    from protege.study.report import build_report, headline_metrics, write_report
+
+    results = {p.run.key: r for p in plan(study) if p.finished and (r := read_result(p.folder)) is not None}
+    report = build_report(study, results, failed or [])
+    paths = write_report(report, study.report_paths())
+    if parent_run_id:
+        tags = {f"claim.{i}": f"{c['name']}: " + (f"{c['verdict']} ({c['diff']:+.2f} [{c['ci'][0]:+.2f}, "
+                                                  f"{c['ci'][1]:+.2f}] points)" if c.get("verdict") else "no result")
+                for i, c in enumerate(report["claims"])}
+        tracking.close_study_run(study.project, parent_run_id, "FAILED" if failed else "FINISHED",
+                                 headline_metrics(report), tags, list(paths.values()))
+    say(f"report: {paths['md']} ({len(results)} of {len(study.runs())} runs finished"
+        + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
+    return paths
+
+
+def run_study(study: Study, jobs: int = 1, isolated: bool = True) -> dict[str, Path]:
+    """The whole study without Prefect (the flow in flows/study.py does the same with one task per run):
+    pending runs one by one (or `jobs` at once, each in its own process), then the report."""
+    from protege.study import services
+
+    planned = plan(study)
+    pending = [p for p in planned if not p.finished]
+    check_upstream(study, [p.run for p in pending])
+    for p in planned:
+        if p.finished:
+            say(f"{p.run.key}: finished earlier, skipped")
+            cleanup(study, p.folder)
+    parent = open_study(study)
+    failed: list[str] = []
+
+    def one(p: Planned) -> None:
+        try:
+            (execute_isolated if isolated else execute)(study, p, parent)
+        except Exception as exc:  # the other runs go on; the study reports what finished and fails
+            failed.append(p.run.key)
+            say(f"{p.run.key}: FAILED: {exc}")
+
+    try:
+        with services.running(study, [p.run.config for p in pending], log=say):
+            if jobs > 1 and isolated:
+                with ThreadPoolExecutor(jobs) as pool:
+                    list(pool.map(one, pending))
+            else:
+                for p in pending:
+                    one(p)
+    except BaseException:
+        tracking.close_study_run(study.project, parent, "KILLED")
+        raise
+    paths = finish_study(study, parent, failed)
+    if failed:
+        raise RunFailed(f"{len(failed)} run(s) failed: {', '.join(failed)}; re-run the study to retry them "
+                        f"(finished runs are kept); report of the rest: {paths['md']}")
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One run in this process (what `execute_isolated` starts)."""
+    ap = argparse.ArgumentParser(description="one run of a study")
+    ap.add_argument("--study", required=True)
+    ap.add_argument("--project", default=".")
+    ap.add_argument("--variant", required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--parent", default="")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    study = load_study(args.study, args.project)
+    run = study.find_run(args.variant, args.seed)
+    planned = next(p for p in plan(study) if p.run.key == run.key)
+    try:
+        execute(study, planned, args.parent or None)
+    except (UserFacingError, FileNotFoundError, FloatingPointError) as exc:
+        print(f"error: {run.key}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

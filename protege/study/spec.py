@@ -1,0 +1,377 @@
+"""A study file: variants (overrides of the project's params.yaml) x seeds, a baseline variant, claims.
+
+```yaml
+name: ril_tables                 # default: the file's stem; outputs go to reports/study/<name>*
+seeds: [1, 2, 3]                 # every trained variant runs once per seed (the top-level `seed` of params)
+baseline: ril                    # every variant's paired difference is taken against this one
+model: rl_final                  # the checkpoint the tables compare: rl_final (last RL step) | merged
+common: {rl.algorithm: ril}      # overrides applied to every variant, before the variant's own
+variants:
+  sft: {train: false}            # evaluate the SFT checkpoint, no RL: runs once (greedy evaluation)
+  ril: {}                        # params.yaml + common as they are
+  dr_grpo: {rl.algorithm: dr_grpo}
+  kl0: {rl: {kl_beta: 0}}        # dotted keys and nested mappings are the same thing
+claims:
+  - {name: "RIL beats Dr.GRPO", better: ril, than: dr_grpo, metric: benchmark_average}
+services:                        # started by the study while a run's config points at them
+  judge: {kind: loopback_judge, port: 18765}
+```
+
+Every variant is validated by the same schema as params.yaml (`protege.config.Config`). Variants share
+the project's upstream artifacts (world, SFT checkpoint, curated questions, teacher answers,
+discriminator, mini benchmarks), so they may only change `rl.*`, `merge.*` and `evaluate.*` (not
+`evaluate.mini_items`, which sizes the shared mini benchmarks); `seed` comes from `seeds`. Any problem
+stops with one line naming the file and the key.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from protege.config import Config, ConfigError, _expected, load_config
+from protege.eval.items import BENCHMARKS
+
+NAME = r"^[A-Za-z0-9_.-]+$"
+VARIANT_SECTIONS = ("rl", "merge", "evaluate")
+UPSTREAM_KEYS = {"evaluate.mini_items": "it sizes the shared mini benchmarks (data/benchmarks)"}
+METRICS = ("world_test", "benchmark_average", *BENCHMARKS)
+MODELS = ("rl_final", "merged")
+STUDY_DIR = Path("reports/study")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClaimSpec(_Strict):
+    better: str
+    than: str
+    name: str = ""
+    metric: str = "benchmark_average"      # world_test | benchmark_average | one benchmark's name
+    model: Literal["rl_final", "merged"] | None = None  # default: the study's model
+
+
+class ServiceSpec(_Strict):
+    kind: Literal["loopback_judge"] = "loopback_judge"  # protege.teachers.loopback_server --judge
+    port: int = Field(ge=1024, le=65535)
+    latency_s: float = Field(0.0, ge=0)
+
+
+class StudyFile(_Strict):
+    seeds: list[int]
+    baseline: str
+    variants: dict[str, dict[str, Any] | None]
+    name: str | None = Field(None, pattern=NAME)
+    description: str = ""
+    model: Literal["rl_final", "merged"] = "rl_final"
+    bootstrap: int = Field(1000, ge=100)
+    keep_checkpoints: bool = False         # false: a finished run keeps its result files only
+    common: dict[str, Any] = {}
+    claims: list[ClaimSpec] = []
+    services: dict[str, ServiceSpec] = {}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    train: bool                            # false: evaluate the SFT checkpoint, no RL
+    overrides: dict[str, Any]              # the variant's own, flattened, with resolved values
+    config: Config                         # params.yaml <- common <- the variant (seed: the first seed)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    variant: str
+    seed: int
+    train: bool
+    config: Config                         # with this run's seed
+    overrides: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant}/seed-{self.seed}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    better: str
+    than: str
+    metric: str
+    model: str
+
+
+@dataclass
+class Study:
+    path: Path
+    project: Path
+    name: str
+    seeds: list[int]
+    baseline: str
+    model: str
+    bootstrap: int
+    keep_checkpoints: bool
+    description: str
+    common: dict[str, Any]                 # flattened
+    variants: dict[str, Variant]
+    claims: list[Claim]
+    services: dict[str, ServiceSpec] = field(default_factory=dict)
+
+    @property
+    def out_dir(self) -> Path:
+        """reports/study/<name>/ in the project: the run folders and the study's state."""
+        return self.project / STUDY_DIR / self.name
+
+    def report_paths(self) -> dict[str, Path]:
+        base = self.project / STUDY_DIR / self.name
+        return {ext: base.with_name(f"{self.name}.{ext}") for ext in ("md", "json", "png")}
+
+    def runs(self) -> list[RunSpec]:
+        """Every (variant, seed) run in file order; a `train: false` variant runs once (first seed)."""
+        out = []
+        for v in self.variants.values():
+            for seed in (self.seeds if v.train else self.seeds[:1]):
+                out.append(RunSpec(v.name, seed, v.train, v.config.model_copy(update={"seed": seed}), v.overrides))
+        return out
+
+    def run_folder(self, run: RunSpec) -> Path:
+        return self.out_dir / "runs" / run.variant / f"seed-{run.seed}"
+
+    def find_run(self, variant: str, seed: int) -> RunSpec:
+        for run in self.runs():
+            if run.variant == variant and run.seed == seed:
+                return run
+        raise KeyError(f"{self.path}: no run {variant}/seed-{seed} in this study")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def expand(d: dict, where: str, path: Path) -> dict:
+    """Dotted keys ('rl.kl_beta': 0) -> nested mappings, merged with nested ones given alongside."""
+    out: dict = {}
+    for key, value in d.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"{path}: {where}: keys must be non-empty strings (got {key!r})")
+        node, parts = out, key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{path}: {where}.{'.'.join(parts[:i + 1])} is given both as a value and as a "
+                                  "section")
+            node = child
+        leaf = parts[-1]
+        value = expand(value, f"{where}.{key}", path) if isinstance(value, dict) else value
+        if isinstance(node.get(leaf), dict) and isinstance(value, dict):
+            node[leaf] = deep_merge(node[leaf], value)
+        elif leaf in node:
+            raise ConfigError(f"{path}: {where}.{key} is given twice")
+        else:
+            node[leaf] = value
+    return out
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "judge_model" and k != "judge":
+            out[k] = deep_merge(out[k], v)
+        else:  # a backend spec (judge_model, judge) is replaced whole, never merged field by field
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _lookup(d: dict, dotted: str) -> Any:
+    node: Any = d
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _first_leaf(value: Any, key: str) -> str:
+    if isinstance(value, dict) and value:
+        k, v = next(iter(value.items()))
+        return _first_leaf(v, f"{key}.{k}")
+    return key
+
+
+def _check_sections(overrides: dict, where: str, path: Path) -> None:
+    """Only rl.*, merge.* and evaluate.* (not evaluate.mini_items) may differ between variants."""
+    for key, value in overrides.items():
+        if key == "seed":
+            raise ConfigError(f"{path}: {where}.seed is not allowed: a run's seed comes from the study's `seeds`")
+        if key not in Config.model_fields:
+            allowed = ", ".join(("train",) * (where != "common") + VARIANT_SECTIONS)
+            raise ConfigError(f"{path}: unknown key '{where}.{key}' (allowed here: {allowed})")
+        if key not in VARIANT_SECTIONS:
+            raise ConfigError(f"{path}: {_first_leaf(value, f'{where}.{key}')} is not allowed: the study shares the "
+                              "project's upstream artifacts (data/, models/sft, models/discriminator), so variants "
+                              f"may change {', '.join(s + '.*' for s in VARIANT_SECTIONS)} only")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: {where}.{key} must be a mapping of {key} keys (got {value!r})")
+        for sub in value:
+            if f"{key}.{sub}" in UPSTREAM_KEYS:
+                raise ConfigError(f"{path}: {where}.{key}.{sub} is not allowed: {UPSTREAM_KEYS[f'{key}.{sub}']}, "
+                                  "which the study shares")
+
+
+def _model_at(loc: tuple[str, ...]) -> type[BaseModel] | None:
+    """The pydantic model holding the last key of `loc` (Optional[...] unwrapped), or None."""
+    model: Any = Config
+    for part in loc:
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            return None
+        ann = fields[part].annotation
+        candidates = [ann, *typing.get_args(ann)]
+        model = next((a for a in candidates if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return model
+
+
+def _explain(path: Path, err: ValidationError, where: str, sources: list[tuple[str, dict]]) -> str:
+    """One line for a params validation error, naming the study key that set it (`variants.<name>.<key>`)."""
+    first = err.errors()[0]
+    loc = tuple(str(p) for p in first["loc"])
+    key = ".".join(loc)
+    label, best = where, 0
+    for name, nested in sources:  # the source setting the longest prefix of the key (ties: the variant)
+        node: Any = nested
+        depth = 0
+        for part in loc:
+            if not isinstance(node, dict) or part not in node:
+                break
+            node, depth = node[part], depth + 1
+        if depth > best:
+            label, best = name, depth
+    full = f"{label}.{key}" if key else label
+    if first["type"] == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        allowed = ", ".join(parent.model_fields) if parent is not None else "?"
+        return f"{path}: unknown key '{full}' (allowed here: {allowed})"
+    if first["type"] in {"value_error", "assertion_error"}:
+        return f"{path}: {full}: {first['msg'].removeprefix('Value error, ')}"
+    return (f"{path}: {full} expects {_expected(Config, tuple(first['loc']))}: {first['msg']} "
+            f"(got {first.get('input')!r})")
+
+
+def _study_error(path: Path, err: ValidationError) -> str:
+    errors = err.errors()  # an unknown key first: a misspelt key also leaves the right one missing
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    if first["type"] == "extra_forbidden":
+        model: Any = StudyFile
+        if first["loc"][0] == "claims":
+            model = ClaimSpec
+        elif first["loc"][0] == "services":
+            model = ServiceSpec
+        return f"{path}: unknown key '{key}' (allowed here: {', '.join(model.model_fields)})"
+    if first["type"] == "missing":
+        return f"{path}: key '{key}' is missing"
+    return f"{path}: key '{key}': {first['msg']} (got {first.get('input')!r})"
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_study(path: str | Path, project: str | Path = ".") -> Study:
+    """Reads and validates a study file against the project's params.yaml; ConfigError (one line) if not."""
+    path, project = Path(path), Path(project).resolve()
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such study file")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping (seeds, baseline, variants, ...) at the top level")
+    if isinstance(raw.get("seeds"), list) and not raw["seeds"]:
+        raise ConfigError(f"{path}: key 'seeds' is empty: list at least one seed (e.g. seeds: [1, 2, 3])")
+    try:
+        spec = StudyFile.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_study_error(path, err)) from None
+    if len(set(spec.seeds)) != len(spec.seeds):
+        raise ConfigError(f"{path}: key 'seeds' lists a seed twice: {spec.seeds}")
+    if not spec.variants:
+        raise ConfigError(f"{path}: key 'variants' is empty: name at least the baseline variant")
+    for name in spec.variants:
+        if not isinstance(name, str) or not re.match(NAME, name):
+            raise ConfigError(f"{path}: variants.{name}: a variant name may hold letters, digits, '_', '.', '-'")
+    names = ", ".join(spec.variants)
+    if spec.baseline not in spec.variants:
+        raise ConfigError(f"{path}: baseline '{spec.baseline}' is not a variant (variants: {names})")
+    for i, c in enumerate(spec.claims):
+        for side in ("better", "than"):
+            if getattr(c, side) not in spec.variants:
+                raise ConfigError(f"{path}: claims[{i}].{side} '{getattr(c, side)}' is not a variant (variants: {names})")
+        if c.better == c.than:
+            raise ConfigError(f"{path}: claims[{i}] compares '{c.better}' with itself")
+        if c.metric not in METRICS:
+            raise ConfigError(f"{path}: claims[{i}].metric '{c.metric}' is unknown (expected world_test, "
+                              f"benchmark_average or a benchmark: {', '.join(BENCHMARKS)})")
+    ports = [s.port for s in spec.services.values()]
+    if len(set(ports)) != len(ports):
+        raise ConfigError(f"{path}: two services share a port: {ports}")
+
+    params_file = project / "params.yaml"
+    load_config(params_file)  # the project's own params must be valid first (its message names that file)
+    params = yaml.safe_load(params_file.read_text()) or {}
+    common = expand(spec.common, "common", path)
+    _check_sections(common, "common", path)
+    variants = {}
+    for name, body in spec.variants.items():
+        where = f"variants.{name}"
+        if body is not None and not isinstance(body, dict):
+            raise ConfigError(f"{path}: {where} must be a mapping of overrides (or {{}} for params as they are)")
+        own = expand(dict(body or {}), where, path)
+        train = own.pop("train", True)
+        if not isinstance(train, bool):
+            raise ConfigError(f"{path}: {where}.train expects true or false (got {train!r})")
+        _check_sections(own, where, path)
+        if not train:
+            for section in ("rl", "merge"):
+                if section in own:
+                    raise ConfigError(f"{path}: {_first_leaf(own[section], f'{where}.{section}')} has no effect: "
+                                      "train: false evaluates the SFT checkpoint without RL")
+        merged = deep_merge(deep_merge(params, common), own)
+        merged["seed"] = spec.seeds[0]
+        try:
+            cfg = Config.model_validate(merged)
+        except ValidationError as err:
+            raise ConfigError(_explain(path, err, where, [(where, own), ("common", common)])) from None
+        dump = cfg.model_dump()
+        resolved = {k: _lookup(dump, k) for k in flatten(own)}
+        variants[name] = Variant(name, train, resolved, cfg)
+
+    claims = [Claim(c.name or f"{c.better} > {c.than}", c.better, c.than, c.metric, c.model or spec.model)
+              for c in spec.claims]
+    return Study(path=path.resolve(), project=project, name=spec.name or path.stem, seeds=list(spec.seeds),
+                 baseline=spec.baseline, model=spec.model, bootstrap=spec.bootstrap,
+                 keep_checkpoints=spec.keep_checkpoints, description=spec.description,
+                 common=flatten(common), variants=variants, claims=claims, services=dict(spec.services))
+
+
+def describe(overrides: dict[str, Any], empty: str = "(params as they are)") -> str:
+    """'rl.algorithm=grpo rl.kl_beta=0.0' (JSON for lists and mappings), or `empty`."""
+    if not overrides:
+        return empty
+    return " ".join(f"{k}={v if isinstance(v, (str, int, float, bool)) else json.dumps(v)}"
+                    for k, v in overrides.items())

@@ -1,0 +1,111 @@
+"""Study files: overrides validated by the params schema, one-line errors naming file and key, dry run."""
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from protege.cli import app
+from protege.config import ConfigError
+from protege.study.spec import load_study
+from tests.conftest import REPO
+
+GOOD = """
+seeds: [1, 2]
+baseline: ril
+common: {rl.algorithm: ril}
+variants:
+  sft: {train: false}
+  ril: {}
+  dr_grpo: {rl.algorithm: dr_grpo}
+  kl0: {rl: {kl_beta: 0}}
+claims:
+  - {name: RIL beats Dr.GRPO, better: ril, than: dr_grpo, metric: world_test}
+  - {better: ril, than: sft}
+"""
+
+
+@pytest.fixture
+def project(tmp_path):
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    return tmp_path
+
+
+def write(project, text, name="s.yaml"):
+    path = project / name
+    path.write_text(text)
+    return path
+
+
+def test_variants_resolve_against_params_yaml(project):
+    study = load_study(write(project, GOOD), project)
+    assert study.name == "s" and study.seeds == [1, 2] and study.baseline == "ril"
+    runs = study.runs()
+    assert [r.key for r in runs] == ["sft/seed-1", "ril/seed-1", "ril/seed-2", "dr_grpo/seed-1", "dr_grpo/seed-2",
+                                     "kl0/seed-1", "kl0/seed-2"]  # train: false runs once
+    kl0 = study.find_run("kl0", 2)
+    assert kl0.config.seed == 2 and kl0.config.rl.kl_beta == 0.0 and kl0.config.rl.algorithm == "ril"
+    assert kl0.overrides == {"rl.kl_beta": 0.0}  # resolved values, as the schema reads them
+    assert study.find_run("dr_grpo", 1).config.rl.algorithm == "dr_grpo"
+    assert study.claims[1].name == "ril > sft" and study.claims[1].metric == "benchmark_average"
+    assert study.run_folder(kl0) == project / "reports/study/s/runs/kl0/seed-2"
+    assert study.report_paths()["md"] == project / "reports/study/s.md"
+
+
+@pytest.mark.parametrize("change, expected", [
+    (("kl0: {rl: {kl_beta: 0}}", "kl0: {rl: {kl_betta: 0}}"), "unknown key 'variants.kl0.rl.kl_betta'"),
+    (("kl0: {rl: {kl_beta: 0}}", "kl0: {rl.kl_beta: lots}"), "variants.kl0.rl.kl_beta expects float"),
+    (("kl0: {rl: {kl_beta: 0}}", "kl0: {rl.kl_beta: -1}"), "variants.kl0.rl.kl_beta expects float"),
+    (("kl0: {rl: {kl_beta: 0}}", "kl0: {sft.steps: 3}"), "variants.kl0.sft.steps is not allowed: the study shares"),
+    (("kl0: {rl: {kl_beta: 0}}", "kl0: {world: {n_train: 8}}"), "variants.kl0.world.n_train is not allowed"),
+    (("kl0: {rl: {kl_beta: 0}}", "kl0: {seed: 4}"), "variants.kl0.seed is not allowed"),
+    (("kl0: {rl: {kl_beta: 0}}", "kl0: {evaluate.mini_items: 8}"), "variants.kl0.evaluate.mini_items is not allowed"),
+    (("kl0: {rl: {kl_beta: 0}}", "kl0: {rl.teachers: nobody}"), "variants.kl0: rl.teachers is 'nobody'"),
+    (("kl0: {rl: {kl_beta: 0}}", "kl0: {optimizer: adam}"), "unknown key 'variants.kl0.optimizer'"),
+    (("kl0: {rl: {kl_beta: 0}}", "kl0: {train: false, rl.lr: 0.1}"), "variants.kl0.rl.lr has no effect"),
+    (("common: {rl.algorithm: ril}", "common: {curate.select: 4}"), "common.curate.select is not allowed"),
+    (("baseline: ril", "baseline: rill"), "baseline 'rill' is not a variant"),
+    (("than: dr_grpo", "than: drgrpo"), "claims[0].than 'drgrpo' is not a variant"),
+    (("metric: world_test", "metric: accuracy"), "claims[0].metric 'accuracy' is unknown"),
+    (("seeds: [1, 2]", "seeds: []"), "key 'seeds' is empty"),
+    (("seeds: [1, 2]", "seeds: [1, 1]"), "key 'seeds' lists a seed twice"),
+    (("seeds: [1, 2]", "seedz: [1, 2]"), "unknown key 'seedz'"),
+])
+def test_bad_study_file_is_one_line_naming_file_and_key(project, change, expected):
+    old, new = change
+    assert old in GOOD
+    path = write(project, GOOD.replace(old, new))
+    with pytest.raises(ConfigError) as exc:
+        load_study(path, project)
+    msg = str(exc.value)
+    assert expected in msg and msg.startswith(str(path)) and "\n" not in msg, msg
+
+
+def test_cli_stops_with_exit_2_before_anything_runs(project, monkeypatch):
+    monkeypatch.chdir(project)
+    write(project, GOOD.replace("kl_beta: 0", "kl_beta: x"))
+    res = CliRunner().invoke(app, ["study", "s.yaml", "--project", str(project)])
+    assert res.exit_code == 2
+    assert "variants.kl0.rl.kl_beta" in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (project / "reports").exists() and not (project / "mlflow.db").exists()
+
+
+def test_dry_run_lists_runs_without_running(project, monkeypatch):
+    monkeypatch.chdir(project)
+    write(project, GOOD)
+    res = CliRunner().invoke(app, ["study", "s.yaml", "--dry-run", "--project", str(project)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert "7 runs, 0 finished, 7 to run" in lines[0] and "every variant: rl.algorithm=ril" in lines[0]
+    assert any("kl0" in line and "seed 2" in line and "to run" in line and "rl.kl_beta=0.0" in line for line in lines)
+    assert any("sft" in line and "train: false" in line for line in lines)
+    assert "make demo" in res.output  # the shared upstream artifacts are missing: said, not run
+    assert not (project / "reports").exists() and not (project / ".prefect").exists()
+
+
+def test_running_without_upstream_artifacts_says_what_to_run(project, monkeypatch):
+    monkeypatch.chdir(project)
+    write(project, GOOD)
+    res = CliRunner().invoke(app, ["study", "s.yaml", "--project", str(project)])
+    assert res.exit_code == 1
+    assert "data/world/test.parquet" in res.output and "models/sft" in res.output and "make demo" in res.output
+    assert not (project / ".prefect").exists()
