@@ -12,12 +12,13 @@ import yaml
 
 from tests.conftest import REPO
 
-TINY = {"world": {"n_train": 64, "n_rl": 12, "n_test": 16},
+TINY = {"world": {"n_train": 64, "n_rl": 12, "n_val": 8, "n_test": 16},
         "curate": {"select": 8},
         "sft": {"steps": 4, "batch_size": 8, "log_every": 2},
         "rollouts": {"samples_per_question": 2, "max_new_tokens": 6},
         "disc_pretrain": {"steps": 2, "batch_size": 8},
-        "rl": {"steps": 2, "questions_per_step": 2, "group_size": 2, "save_every": 1, "max_new_tokens": 6},
+        "rl": {"steps": 2, "questions_per_step": 2, "group_size": 2, "save_every": 1, "max_new_tokens": 6,
+               "eval_every": 1, "eval_items": 8},  # rl.baseline stays dr_grpo: the flow runs rl_baseline too
         "evaluate": {"max_new_tokens": 6, "mini_items": 8, "bootstrap": 200}}
 
 
@@ -77,17 +78,30 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
                 "models/discriminator/head.safetensors", "models/rl/step-00002/model.safetensors",
                 "models/merged/model.safetensors", "reports/eval.md", "reports/eval.png", "reports/promotion.json",
                 "data/benchmarks/mmbench/mmbench.tsv", "data/benchmarks/mmvet/mmvet.json",
-                "reports/eval/merged/blink/items.jsonl"):
+                "reports/eval/merged/blink/items.jsonl", "models/rl_baseline/step-00002/model.safetensors",
+                "reports/eval/dr_grpo_final/blink/items.jsonl"):
         assert (proj / rel).exists(), rel
+    for stage in ("rl", "rl_baseline"):
+        curve = pd.read_csv(proj / "reports" / stage / "learning_curve.csv")
+        assert curve["step"].tolist() == [0, 1, 2] and curve["accuracy"].between(0, 1).all(), stage
     curation = json.loads((proj / "reports/curation.json").read_text())
     assert curation["kept"] == 8 and curation["dropped"]["not_selected"] == 4 and curation["rule"] == "softmax"
     report = json.loads((proj / "reports/eval.json").read_text())
-    assert set(report["models"]) == {"sft", "rl_final", "merged"}
+    assert list(report["models"]) == ["sft", "rl_final", "merged", "dr_grpo_final"]
     merged = report["models"]["merged"]
     assert len(merged["benchmarks"]) == 14 and merged["world_test"]["items"] == 16
+    lo, hi = merged["world_test"]["ci"]
+    assert lo <= merged["world_test"]["accuracy"] <= hi
+    for kind, k in merged["world_test"]["per_kind"].items():
+        assert set(k) >= {"accuracy", "best_constant", "distinct_answers", "n"} and k["n"] > 0, kind
+    assert list(report["differences"]) == ["rl_final - sft", "merged - sft", "rl_final - dr_grpo_final"]
+    d = report["differences"]["rl_final - sft"]
+    assert d["world_test"]["n"] == 16 and d["average"]["benchmarks"] == 14
+    assert d["world_test"]["ci"][0] <= d["world_test"]["diff"] <= d["world_test"]["ci"][1]
     for name, b in merged["benchmarks"].items():
         assert b["ci"][0] <= b["score"] <= b["ci"][1], name
-    assert report["score"] == merged["average"] and "| **average** |" in (proj / "reports/eval.md").read_text()
+    md = (proj / "reports/eval.md").read_text()
+    assert report["score"] == merged["average"] and "| **average** |" in md and "**rl_final - sft**:" in md
 
     status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=proj, env=project_env(proj),
                             capture_output=True, text=True, check=True)
@@ -100,8 +114,9 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert {"merged.average", "merged.world_test.accuracy"} <= set(parents[0].data.metrics)
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
-    assert set(children) == {"world", "mini_benchmarks", "validate", "curate", "teachers", "sft", "rollouts", "disc_pretrain", "rl",
-                             "merge", "evaluate", "promote"}
+    assert set(children) == {"world", "mini_benchmarks", "validate", "curate", "teachers", "sft", "rollouts",
+                             "disc_pretrain", "rl", "rl_baseline", "merge", "evaluate", "promote"}
+    assert [m.step for m in client.get_metric_history(children["rl"].info.run_id, "val_accuracy")] == [0, 1, 2]
     sft_loss = client.get_metric_history(children["sft"].info.run_id, "loss")
     assert [m.step for m in sft_loss] == [2, 4]
     assert children["sft"].inputs.dataset_inputs, "sft logged no input dataset"
@@ -114,7 +129,7 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
     dry = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=proj, env=project_env(proj),
                          capture_output=True, text=True, check=True).stdout
     changed = {line.rstrip(":").strip() for line in dry.splitlines() if line and not line.startswith((" ", "\t"))}
-    assert changed == {"rl"}, dry  # status lists stages whose own inputs changed; downstream follows
+    assert changed == {"rl", "rl_baseline"}, dry  # stages whose own inputs changed; downstream follows
 
 
 @pytest.mark.slow
