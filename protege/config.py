@@ -62,6 +62,7 @@ class CurateConfig(Section):
     rule: Literal["softmax", "stratified", "lowest"] = "softmax"
     tau: float = Field(0.5, gt=0)                # softmax temperature over -logprob
     buckets: int = Field(4, ge=1)                # stratified: log-prob quantile buckets
+    balance: bool = True                         # sample within (kind, answer) strata: answers stay balanced
     batch_size: int = Field(64, ge=1)
 
 
@@ -115,6 +116,8 @@ class SFTConfig(Section):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(2e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    schedule: Literal["constant", "cosine"] = "cosine"  # cosine: decays to 10% of lr by the last step
+    warmup_steps: int = Field(0, ge=0)
     log_every: int = Field(20, ge=1)
 
 

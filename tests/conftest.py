@@ -7,7 +7,7 @@ from protege.config import ModelConfig, WorldConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
-TINY_WORLD = WorldConfig(n_train=48, n_rl=12, n_test=12)
+TINY_WORLD = WorldConfig(n_train=48, n_rl=16, n_val=8, n_test=16)
 
 
 @pytest.fixture(scope="session")

@@ -91,6 +91,50 @@ def select_by_logprob(logprobs: np.ndarray, k: int, rule: str, tau: float = 1.0,
     raise ValueError(f"unknown selection rule {rule!r}; expected one of {RULES}")
 
 
+def stratum_quotas(strata: list[tuple[str, str]], k: int) -> dict[tuple[str, str], int]:
+    """How many of k to keep from each (kind, answer) stratum so that answers stay balanced.
+
+    Each kind gets a share of k proportional to its size in the pool, split equally between its answers
+    (largest remainders first, in sorted order so the split is deterministic); a stratum smaller than
+    its quota gives what it has.
+    """
+    by_kind: dict[str, dict[str, int]] = {}
+    for kind, answer in strata:
+        by_kind.setdefault(kind, {}).setdefault(answer, 0)
+        by_kind[kind][answer] += 1
+    n = len(strata)
+    quotas: dict[tuple[str, str], int] = {}
+    kinds = sorted(by_kind)
+    kind_share = _largest_remainder({kd: k * sum(by_kind[kd].values()) / n for kd in kinds})
+    for kd in kinds:
+        answers = sorted(by_kind[kd])
+        share = _largest_remainder({a: kind_share[kd] / len(answers) for a in answers})
+        for a in answers:
+            quotas[(kd, a)] = min(share[a], by_kind[kd][a])
+    return quotas
+
+
+def _largest_remainder(exact: dict[str, float]) -> dict[str, int]:
+    out = {key: math.floor(v + 1e-9) for key, v in exact.items()}
+    left = round(sum(exact.values())) - sum(out.values())
+    for key in sorted(exact, key=lambda x: (-(exact[x] - out[x]), x))[:max(0, left)]:
+        out[key] += 1
+    return out
+
+
+def select_balanced(logprobs: np.ndarray, strata: list[tuple[str, str]], k: int, rule: str, tau: float = 1.0,
+                    buckets: int = 4, seed: int = 0) -> np.ndarray:
+    """Log-probability sampling inside each (kind, answer) stratum, with the quotas of `stratum_quotas`,
+    so the kept subset prefers hard questions without letting any answer become a prior worth learning."""
+    quotas = stratum_quotas(strata, k)
+    chosen = []
+    for j, (key, quota) in enumerate(sorted(quotas.items())):
+        members = np.array([i for i, s in enumerate(strata) if s == key], dtype=int)
+        if quota:
+            chosen += list(members[select_by_logprob(logprobs[members], quota, rule, tau, buckets, seed + j)])
+    return np.sort(np.array(chosen, dtype=int))
+
+
 def histogram(before: list[float], after: list[float], bins: int = 20) -> pd.DataFrame:
     """Counts of a quantity over shared bins, before and after curation (for PNG and DVC plots)."""
     lo, hi = min(before), max(before)

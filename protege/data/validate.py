@@ -64,6 +64,18 @@ def image_checks(table: Path, rel) -> tuple[bool, bool]:
         return False, True
 
 
+def row_image_checks(table: Path, rel, extra) -> tuple[bool, bool]:
+    """image_checks over every image of a row: `image`, then the JSON list `extra_images` (optional)."""
+    try:
+        more = json.loads(extra) if isinstance(extra, str) and extra else []
+    except json.JSONDecodeError:
+        return False, True
+    if not isinstance(more, list):
+        return False, True
+    results = [image_checks(table, r) for r in [rel, *more]]
+    return all(r[0] for r in results), all(r[1] for r in results)
+
+
 def answer_in_options(answer, options_json) -> bool:
     """A single-letter answer of a multiple-choice row must be one of the first len(options) letters."""
     try:
@@ -81,7 +93,8 @@ def question_frame(path: Path) -> pd.DataFrame:
     df.insert(0, "row", range(len(df)))
     for col in ("question", "answer"):
         df[col] = df[col].map(lambda v: v.strip() if isinstance(v, str) else v)
-    checks = [image_checks(path, rel) for rel in df["image"]]
+    extras = df["extra_images"] if "extra_images" in df else [""] * len(df)
+    checks = [row_image_checks(path, rel, extra) for rel, extra in zip(df["image"], extras)]
     df["image_readable"] = [c[0] for c in checks]
     df["image_size_ok"] = [c[1] for c in checks]
     df["answer_in_options"] = [answer_in_options(a, o) for a, o in

@@ -9,13 +9,26 @@ VISION_KEYS = ("pixel_values", "image_grid_thw")
 
 
 def repeat_vision(batch: dict[str, torch.Tensor], times: int) -> dict[str, torch.Tensor]:
-    """Vision inputs for prompts repeated `times` in a row (as generate(num_return_sequences) lays them out)."""
+    """Vision inputs for prompts repeated `times` in a row (as generate(num_return_sequences) lays them out).
+
+    A prompt may hold several images: its images repeat together, in order, once per copy of the prompt.
+    """
     if "image_grid_thw" not in batch:  # text-only prompts
         return {}
-    grid = batch["image_grid_thw"]  # [B, 3]
-    patches = batch["pixel_values"].split(grid.prod(dim=1).tolist())  # B tensors [patches_b, D]
-    return {"pixel_values": torch.cat([p for p in patches for _ in range(times)]),
-            "image_grid_thw": grid.repeat_interleave(times, dim=0)}
+    grid = batch["image_grid_thw"]  # [I, 3], one row per image, prompts' images in order
+    per_image = grid.prod(dim=1)  # patches per image
+    patches = batch["pixel_values"].split(per_image.tolist())  # I tensors [patches_i, D]
+    tokens = batch["mm_token_type_ids"].sum(dim=1).tolist()  # image tokens of each prompt  [B]
+    merge = int(per_image.sum()) // max(1, sum(tokens))  # patches per image token (merge_size ** 2)
+    owned, i = [], 0
+    for n in tokens:  # the images of each prompt: consume images until its image tokens are covered
+        start = i
+        while n > 0:
+            n -= int(per_image[i]) // merge
+            i += 1
+        owned.append(list(range(start, i)))
+    order = [j for images in owned for _ in range(times) for j in images]
+    return {"pixel_values": torch.cat([patches[j] for j in order]), "image_grid_thw": grid[order]}
 
 
 def completion_logprobs(model, c: Completions, vision: dict[str, torch.Tensor], image_token_id: int,

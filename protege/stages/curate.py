@@ -12,6 +12,7 @@ from protege.data.curate import (
     answer_logprobs,
     histogram,
     plot_histograms,
+    select_balanced,
     select_by_logprob,
     with_token_lengths,
 )
@@ -44,7 +45,12 @@ def run(cfg: Config, root: Path, run) -> None:
     rows = {r.id: r for r in load_rows(table)}
     logprobs = np.array(answer_logprobs(model, processor, [rows[i] for i in pool["id"]], c.batch_size,
                                         progress=lambda d, t: say("curate", f"scored {d}/{t}")))
-    keep = select_by_logprob(logprobs, c.select, c.rule, c.tau, c.buckets, cfg.seed)
+    if c.balance:  # kinds without a closed answer set count every answer as its own stratum
+        strata = [(str(kd), str(a) if json.loads(cands or "[]") else "") for kd, a, cands in
+                  zip(pool.get("kind", [""] * len(pool)), pool["answer"], pool.get("candidates", ["[]"] * len(pool)))]
+        keep = select_balanced(logprobs, strata, c.select, c.rule, c.tau, c.buckets, cfg.seed)
+    else:
+        keep = select_by_logprob(logprobs, c.select, c.rule, c.tau, c.buckets, cfg.seed)
     pool = pool.assign(logprob=logprobs)
     chosen = pool.iloc[keep].reset_index(drop=True)
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from protege.config import Config
 from protege.data.curate import answer_tokens
-from protege.data.rows import image_path, read_table
+from protege.data.rows import image_path, image_paths, read_table
 from protege.data.schemas import TEACHER_ANSWERS as TEACHER_ANSWER_ROWS
 from protege.data.validate import DatasetInvalid, run_suite
 from protege.errors import UserFacingError
@@ -34,9 +34,10 @@ def requests_for(questions: pd.DataFrame, table: Path, image_hashes: dict[str, s
     out = []
     for rec in questions.to_dict("records"):
         img = image_path(table, rec["image"])
-        prompt = processor.prompt(rec["question"])
+        rels = image_paths(rec)
+        prompt = processor.prompt(rec["question"], len(rels))
         for k in range(n):
-            key = cache_key(backend.name, backend.revision, prompt, image_hashes[rec["image"]],
+            key = cache_key(backend.name, backend.revision, prompt, "+".join(image_hashes[r] for r in rels),
                             backend.sampling.as_dict(), k)
             out.append(TeacherRequest(key, rec["id"], rec["question"], str(img), rec.get("kind", ""), rec["answer"],
                                       tuple(json.loads(rec.get("candidates") or "[]")), k))
@@ -50,7 +51,8 @@ def run(cfg: Config, root: Path, run) -> None:
     questions = read_table(root / CURATED_RL)
     processor = StudentProcessor.from_pretrained(root / BASE_MODEL)
     cache = TeacherCache(root / TEACHER_CACHE)
-    image_hashes = {rel: file_sha256(image_path(root / CURATED_RL, rel)) for rel in set(questions["image"])}
+    image_hashes = {rel: file_sha256(image_path(root / CURATED_RL, rel))
+                    for rec in questions.to_dict("records") for rel in image_paths(rec)}
     metrics, views, incomplete = {}, [], []
     for spec in cfg.teachers.pool:
         backend = build_teacher(spec, root, cfg.teachers.error_rate, cfg.seed)

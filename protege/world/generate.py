@@ -1,4 +1,9 @@
-"""Writes the world's train / rl / test splits as parquet + PNG under a folder."""
+"""Writes the world's train / rl / val / test splits as parquet + PNG under a folder.
+
+Each split is balanced by construction: question kinds are dealt in shuffled rounds, and within a kind
+the target answers (option letters included) too, so no constant answer beats chance by more than
+one item's worth (none at all when a kind's count divides by its number of answers).
+"""
 from __future__ import annotations
 
 import hashlib
@@ -10,10 +15,11 @@ from pathlib import Path
 import pandas as pd
 
 from protege.config import WorldConfig
-from protege.world.questions import make_item
+from protege.world.questions import ANSWERS, KINDS, Deck, make_item
 
 SPLITS = ("train", "rl", "val", "test")
-COLUMNS = ["id", "split", "kind", "question", "answer", "candidates", "options", "image", "difficulty"]
+COLUMNS = ["id", "split", "kind", "family", "question", "answer", "candidates", "options", "image", "extra_images",
+           "difficulty"]
 
 
 def split_sizes(cfg: WorldConfig) -> dict[str, int]:
@@ -26,31 +32,44 @@ def _png(image) -> bytes:
     return buf.getvalue()
 
 
-def generate_split(cfg: WorldConfig, split: str, out_dir: Path, seen: set[tuple[str, str]] | None = None) -> pd.DataFrame:
-    """One split from its own seed stream. An (image, question) pair already in `seen` (any split) is
-    drawn again, so no example repeats and the test split shares none with train."""
+def generate_split(cfg: WorldConfig, split: str, out_dir: Path, seen: set[tuple[str, ...]] | None = None,
+                   image_split: dict[str, str] | None = None) -> pd.DataFrame:
+    """One split from its own seed stream. An (images, question) pair already in `seen` (any split) is
+    drawn again, and so is an image already used by another split (`image_split`: image sha256 -> split),
+    so no example repeats and no image of one split appears in another."""
     rng = random.Random(f"{cfg.seed}-{split}")
     seen = set() if seen is None else seen
+    image_split = {} if image_split is None else image_split
     img_dir = out_dir / "images" / split
     img_dir.mkdir(parents=True, exist_ok=True)
+    kinds = Deck(rng, list(KINDS))
+    targets = {k: Deck(rng, ANSWERS[k]) for k in KINDS}
     rows = []
     for i in range(split_sizes(cfg)[split]):
+        kind = kinds.deal()
+        target = targets[kind].deal()
         for _ in range(1000):
-            item = make_item(rng, cfg.image_size)
-            png = _png(item.image)
-            key = (hashlib.sha256(png).hexdigest(), item.question)
-            if key not in seen:
+            item = make_item(rng, cfg.image_size, kind, target)
+            pngs = [_png(im) for im in item.images]
+            hashes = [hashlib.sha256(p).hexdigest() for p in pngs]
+            key = (*hashes, item.question)
+            if key not in seen and all(image_split.get(h, split) == split for h in hashes):
                 break
         else:
             raise ValueError(f"world: cannot draw {split_sizes(cfg)[split]} distinct {split} examples; the world "
                              "has fewer distinct (image, question) pairs than requested")
         seen.add(key)
+        image_split.update((h, split) for h in hashes)
         item_id = f"{split}-{i:06d}"
-        rel = Path("images") / split / f"{item_id}.png"
-        (out_dir / rel).write_bytes(png)
-        rows.append({"id": item_id, "split": split, "kind": item.kind, "question": item.question,
-                     "answer": item.answer, "candidates": json.dumps(item.candidates),
-                     "options": json.dumps(item.options), "image": str(rel), "difficulty": item.difficulty})
+        rels = []
+        for k, png in enumerate(pngs):
+            rel = Path("images") / split / (f"{item_id}.png" if k == 0 else f"{item_id}-{k + 1}.png")
+            (out_dir / rel).write_bytes(png)
+            rels.append(str(rel))
+        rows.append({"id": item_id, "split": split, "kind": item.kind, "family": item.family,
+                     "question": item.question, "answer": item.answer, "candidates": json.dumps(item.candidates),
+                     "options": json.dumps(item.options, ensure_ascii=False), "image": rels[0],
+                     "extra_images": json.dumps(rels[1:]), "difficulty": item.difficulty})
     df = pd.DataFrame(rows, columns=COLUMNS)
     df.to_parquet(out_dir / f"{split}.parquet", index=False)
     return df
@@ -58,5 +77,6 @@ def generate_split(cfg: WorldConfig, split: str, out_dir: Path, seen: set[tuple[
 
 def generate_world(cfg: WorldConfig, out_dir: Path) -> dict[str, pd.DataFrame]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    seen: set[tuple[str, str]] = set()
-    return {split: generate_split(cfg, split, out_dir, seen) for split in SPLITS}
+    seen: set[tuple[str, ...]] = set()
+    image_split: dict[str, str] = {}
+    return {split: generate_split(cfg, split, out_dir, seen, image_split) for split in SPLITS}

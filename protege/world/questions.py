@@ -1,6 +1,14 @@
-"""Question kinds of the embedded world, each with a short reference answer and its candidates.
+"""Question kinds of the embedded world, asked in the formats the 14 benchmarks use.
 
-Every item carries the full candidate set so that chance level is known exactly (1 / candidates).
+Every item carries its full candidate set, so chance level is known exactly (1 / candidates), and
+is built around a target answer handed in by the caller: the generator deals targets from a shuffled
+deck per kind, so every answer (and every option letter) is equally frequent within a split.
+
+A question's text is rendered by the evaluation's own prompt builder (`protege.eval.prompts`) in the
+style of one benchmark family (option lists with letters and "answer with the option's letter"
+instructions, MMBench hints, MMBench-CN's Chinese wording, MMStar's inline options, BLINK's
+two-image questions, short-answer and integer instructions), so the student learns the formats it is
+evaluated in, never the mini benchmarks' own questions or images.
 """
 from __future__ import annotations
 
@@ -9,60 +17,203 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from protege.world.scenes import (BAR_COLOURS, COLOURS, MAX_BAR, MAX_COUNT, SHAPES, draw_bars, draw_scene,
-                                  random_bars, random_scene)
+from protege.eval.items import BenchItem
+from protege.eval.prompts import build_prompt
+from protege.world.scenes import (
+    BAR_COLOURS,
+    COLOURS,
+    MAX_BAR,
+    MAX_COUNT,
+    SHAPES,
+    draw_bars,
+    draw_scene,
+    random_bars,
+    random_scene,
+)
 
-KINDS = ("count", "colour", "shape_option", "chart_value")
 LETTERS = "ABCD"
+YES_NO = ["Yes", "No"]
+COUNTS = [str(i) for i in range(1, MAX_COUNT + 1)]
+BARS = [str(i) for i in range(1, MAX_BAR + 1)]
+SHAPES_CN = {"circle": "圆形", "square": "正方形", "triangle": "三角形", "diamond": "菱形"}
+# hints in MMBench's style; the mini benchmarks use other sentences
+HINTS_EN = ["Look at the picture carefully.", "The picture shows simple shapes on a white background."]
+HINTS_CN = ["请仔细观察图片。", "图片中是白色背景上的简单图形。"]
+# benchmark families whose prompt format each kind is asked in
+MC_FAMILIES = ("ai2d", "seedbench", "mmstar", "mmbench", "mmbench_cn", "mmmu", "realworldqa")
+OPEN_FAMILIES = ("chartqa", "mmmu", "mathvista", "realworldqa", "mmvet")
 
 
 @dataclass
 class Item:
     kind: str
-    question: str
+    question: str                    # the full user turn, as the student sees it
     answer: str
     candidates: list[str]
-    image: Image.Image
+    images: list[Image.Image]
     options: list[str] = field(default_factory=list)  # option texts for multiple-choice items
     difficulty: int = 1
+    family: str = ""                 # the benchmark whose prompt format this question uses
 
 
-def _count(rng: random.Random, size: int) -> Item:
-    scene = random_scene(rng, size)
+def _mc_prompt(rng: random.Random, family: str, question: str, question_cn: str, options: list[str]) -> str:
+    opts = dict(zip(LETTERS, options))
+    if family == "realworldqa":
+        lines = "\n".join(f"{k}. {v}" for k, v in opts.items())
+        question = (f"{question}\n{lines}\nPlease answer directly with only the letter of the correct option "
+                    "and nothing else.")
+    item = BenchItem(benchmark=family, index="0", question=question_cn if family == "mmbench_cn" else question,
+                     images=[], answer="", options=opts)
+    if family in ("mmbench", "mmbench_cn"):
+        item.hint = rng.choice(["", *(HINTS_CN if family == "mmbench_cn" else HINTS_EN)])
+    return build_prompt(item)
+
+
+def _open_prompt(family: str, question: str, integer: bool) -> str:
+    if family == "realworldqa":
+        return f"{question}\nPlease answer directly with a single word or number."
+    if family == "mathvista" and integer:
+        meta = {"question_type": "free_form", "answer_type": "integer"}
+        return build_prompt(BenchItem("mathvista", "0", question, [], "", meta=meta))
+    if family == "mathvista":  # a text answer: MathVista asks those as multiple choice; use the short form
+        family = "chartqa"
+    return build_prompt(BenchItem(family, "0", question, [], ""))
+
+
+def _options_with(rng: random.Random, gold_letter: str, correct: str, pool: list[str]) -> list[str]:
+    """Four option texts with `correct` at `gold_letter`, the others drawn from the pool."""
+    others = rng.sample([p for p in pool if p != correct], len(LETTERS) - 1)
+    pos = LETTERS.index(gold_letter)
+    return others[:pos] + [correct] + others[pos:]
+
+
+def _ordered_options(rng: random.Random, gold_letter: str, pool: list[str]) -> tuple[list[str], str]:
+    """Four options in the pool's own order (shapes as listed, numbers ascending) with the correct one at
+    `gold_letter`: (options, the correct option's text). Listing options in a fixed order is the easy
+    form of a multiple-choice question; shuffled options make the student read the list."""
+    pos = LETTERS.index(gold_letter)
+    n_after = len(LETTERS) - 1 - pos
+    j = rng.randint(pos, len(pool) - 1 - n_after)
+    before = sorted(rng.sample(range(j), pos))
+    after = sorted(rng.sample(range(j + 1, len(pool)), n_after))
+    return [pool[i] for i in (*before, j, *after)], pool[j]
+
+
+def _mc_options(rng: random.Random, gold_letter: str, pool: list[str]) -> tuple[list[str], str, int]:
+    """Options, the correct text and the difficulty: half in the pool's order (1), half shuffled (2)."""
+    if rng.random() < 0.5:
+        options, correct = _ordered_options(rng, gold_letter, pool)
+        return options, correct, 1
+    correct = rng.choice(pool)
+    return _options_with(rng, gold_letter, correct, pool), correct, 2
+
+
+def count(rng: random.Random, size: int, target: str) -> Item:
+    scene = random_scene(rng, size, count=int(target))
     q = rng.choice(["How many shapes are in the image?", "How many shapes are there?",
                     "Count the shapes in the picture."])
-    return Item("count", q, str(scene.count), [str(i) for i in range(1, MAX_COUNT + 1)],
-                draw_scene(scene, size), difficulty=1)
+    family = rng.choice(OPEN_FAMILIES)
+    return Item("count", _open_prompt(family, q, integer=True), target, COUNTS, [draw_scene(scene, size)],
+                difficulty=2, family=family)
 
 
-def _colour(rng: random.Random, size: int) -> Item:
-    scene = random_scene(rng, size)
+def colour(rng: random.Random, size: int, target: str) -> Item:
+    scene = random_scene(rng, size, colour=target)
     q = rng.choice(["What colour are the shapes?", "Which colour do the shapes have?"])
-    return Item("colour", q, scene.colour, list(COLOURS), draw_scene(scene, size), difficulty=1)
+    family = rng.choice(OPEN_FAMILIES)
+    return Item("colour", _open_prompt(family, q, integer=False), target, list(COLOURS),
+                [draw_scene(scene, size)], difficulty=1, family=family)
 
 
-def _shape_option(rng: random.Random, size: int) -> Item:
-    scene = random_scene(rng, size)
-    options = list(SHAPES)
-    rng.shuffle(options)
-    letters = LETTERS[: len(options)]
-    lines = "\n".join(f"{letter}. {opt}" for letter, opt in zip(letters, options))
-    q = f"Which shape is shown?\n{lines}\nAnswer with the option letter."
-    answer = letters[options.index(scene.shape)]
-    return Item("shape_option", q, answer, list(letters), draw_scene(scene, size), options=options,
-                difficulty=2)
+def shape_option(rng: random.Random, size: int, target: str) -> Item:
+    options, correct, difficulty = _mc_options(rng, target, list(SHAPES))
+    scene = random_scene(rng, size, shape=correct)
+    family = rng.choice(MC_FAMILIES)
+    shown = [SHAPES_CN[o] for o in options] if family == "mmbench_cn" else options
+    prompt = _mc_prompt(rng, family, "Which shape is shown in the image?", "图中是哪种图形？", shown)
+    return Item("shape_option", prompt, target, list(LETTERS), [draw_scene(scene, size)], options=shown,
+                difficulty=difficulty, family=family)
 
 
-def _chart_value(rng: random.Random, size: int) -> Item:
+def count_option(rng: random.Random, size: int, target: str) -> Item:
+    options, correct, difficulty = _mc_options(rng, target, COUNTS)
+    scene = random_scene(rng, size, count=int(correct))
+    family = rng.choice(MC_FAMILIES)
+    prompt = _mc_prompt(rng, family, "How many shapes are in the image?", "图中有几个图形？", options)
+    return Item("count_option", prompt, target, list(LETTERS), [draw_scene(scene, size)], options=options,
+                difficulty=difficulty + 1, family=family)
+
+
+def chart_value(rng: random.Random, size: int, target: str) -> Item:
+    bar = rng.choice(BAR_COLOURS)
     values = random_bars(rng)
-    colour = rng.choice(BAR_COLOURS)
-    q = f"What is the value of the {colour} bar?"
-    return Item("chart_value", q, str(values[colour]), [str(i) for i in range(1, MAX_BAR + 1)],
-                draw_bars(values, size), difficulty=3)
+    values[bar] = int(target)
+    family = rng.choice(("chartqa", "mathvista", "realworldqa", "mmmu"))
+    prompt = _open_prompt(family, f"What is the value of the {bar} bar?", integer=True)
+    return Item("chart_value", prompt, target, BARS, [draw_bars(values, size, shift=rng.randint(-2, 2))], difficulty=3, family=family)
 
 
-MAKERS = {"count": _count, "colour": _colour, "shape_option": _shape_option, "chart_value": _chart_value}
+def chart_option(rng: random.Random, size: int, target: str) -> Item:
+    bar = rng.choice(BAR_COLOURS)
+    options, correct, difficulty = _mc_options(rng, target, BARS)
+    values = random_bars(rng)
+    values[bar] = int(correct)
+    family = rng.choice(("seedbench", "ai2d", "mmstar", "mmmu"))
+    prompt = _mc_prompt(rng, family, f"What is the value of the {bar} bar in the chart?", "", options)
+    return Item("chart_option", prompt, target, list(LETTERS), [draw_bars(values, size, shift=rng.randint(-2, 2))], options=options,
+                difficulty=difficulty + 1, family=family)
 
 
-def make_item(rng: random.Random, size: int, kind: str | None = None) -> Item:
-    return MAKERS[kind or rng.choice(KINDS)](rng, size)
+def yes_no(rng: random.Random, size: int, target: str) -> Item:
+    """Combines two properties: 'yes' needs both the colour and the shape to match; a 'no' differs in one."""
+    scene = random_scene(rng, size)
+    shape, col = scene.shape, scene.colour
+    if target == "No":
+        if rng.random() < 0.5:
+            shape = rng.choice([s for s in SHAPES if s != shape])
+        else:
+            col = rng.choice([c for c in COLOURS if c != col])
+    q = rng.choice([f"Are the shapes in the image {col} {shape}s?", f"Is there a {col} {shape} in the image?"])
+    family = rng.choice(("chartqa", "mmmu", "realworldqa"))
+    return Item("yes_no", _open_prompt(family, q, integer=False), target, YES_NO, [draw_scene(scene, size)],
+                difficulty=2, family=family)
+
+
+def compare_two(rng: random.Random, size: int, target: str) -> Item:
+    """BLINK-style: two images in one question; which shows more shapes."""
+    more, fewer = sorted(rng.sample(range(1, MAX_COUNT + 1), 2), reverse=True)
+    while more - fewer < 2:  # a difference of one shape is beyond what the tiny student sees reliably
+        more, fewer = sorted(rng.sample(range(1, MAX_COUNT + 1), 2), reverse=True)
+    first, second = (more, fewer) if target == "A" else (fewer, more)
+    images = [draw_scene(random_scene(rng, size, count=first), size),
+              draw_scene(random_scene(rng, size, count=second), size)]
+    opts = {"A": "the first image", "B": "the second image"}
+    q = rng.choice(["Which image shows more shapes?", "Which of the two images contains more shapes?"])
+    prompt = build_prompt(BenchItem("blink", "0", q, [], "", options=opts))
+    return Item("compare_two", prompt, target, ["A", "B"], images, options=list(opts.values()), difficulty=3,
+                family="blink")
+
+
+MAKERS = {"count": count, "colour": colour, "shape_option": shape_option, "count_option": count_option,
+          "chart_value": chart_value, "chart_option": chart_option, "yes_no": yes_no, "compare_two": compare_two}
+KINDS = tuple(MAKERS)
+ANSWERS = {"count": COUNTS, "colour": list(COLOURS), "shape_option": list(LETTERS), "count_option": list(LETTERS),
+           "chart_value": BARS, "chart_option": list(LETTERS), "yes_no": YES_NO, "compare_two": ["A", "B"]}
+
+
+class Deck:
+    """Deals values in shuffled full rounds, so each value's frequency differs by at most one."""
+
+    def __init__(self, rng: random.Random, values: list[str]):
+        self.rng, self.values, self.hand = rng, list(values), []
+
+    def deal(self) -> str:
+        if not self.hand:
+            self.hand = list(self.values)
+            self.rng.shuffle(self.hand)
+        return self.hand.pop()
+
+
+def make_item(rng: random.Random, size: int, kind: str | None = None, target: str | None = None) -> Item:
+    kind = kind or rng.choice(KINDS)
+    return MAKERS[kind](rng, size, target or rng.choice(ANSWERS[kind]))

@@ -7,58 +7,92 @@ from dataclasses import dataclass
 from PIL import Image, ImageDraw
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
-SHAPES = ("circle", "square", "triangle")
-MAX_COUNT = 4
-BAR_COLOURS = ("red", "green", "blue")
-MAX_BAR = 5
+SHAPES = ("circle", "square", "triangle", "diamond")
+GRID = 4                      # scenes place shapes on a GRID x GRID lattice of cells (one cell per image token)
+MAX_COUNT = 6
+BAR_COLOURS = ("red", "green", "blue", "yellow")
+MAX_BAR = 6
 
 
 @dataclass(frozen=True)
 class Scene:
-    shape: str
-    colour: str
-    count: int
+    """Shapes on a grid; `shapes[i]` and `colours[i]` describe the shape at `positions[i]`."""
+    shapes: tuple[str, ...]
+    colours: tuple[str, ...]
     positions: tuple[tuple[int, int], ...]  # centres, in pixels
 
+    @property
+    def count(self) -> int:
+        return len(self.positions)
 
-def random_scene(rng: random.Random, size: int) -> Scene:
-    count = rng.randint(1, MAX_COUNT)
-    cell = size // 2
-    cells = rng.sample([(0, 0), (0, 1), (1, 0), (1, 1)], count)  # one shape per quadrant: never overlap
-    jitter = max(1, cell // 8)
-    positions = tuple(
-        (c * cell + cell // 2 + rng.randint(-jitter, jitter), r * cell + cell // 2 + rng.randint(-jitter, jitter))
-        for r, c in cells)
-    return Scene(rng.choice(SHAPES), rng.choice(list(COLOURS)), count, positions)
+    @property
+    def shape(self) -> str:
+        """The shape kind when all shapes share it (homogeneous scenes), else ''."""
+        return self.shapes[0] if len(set(self.shapes)) == 1 else ""
+
+    @property
+    def colour(self) -> str:
+        return self.colours[0] if len(set(self.colours)) == 1 else ""
+
+
+def _positions(rng: random.Random, size: int, count: int) -> tuple[tuple[int, int], ...]:
+    cell = size // GRID
+    cells = rng.sample([(r, c) for r in range(GRID) for c in range(GRID)], count)
+    jitter = max(1, cell // 16)
+    off = (size - cell * GRID) // 2
+    return tuple((off + c * cell + cell // 2 + rng.randint(-jitter, jitter),
+                  off + r * cell + cell // 2 + rng.randint(-jitter, jitter)) for r, c in cells)
+
+
+def random_scene(rng: random.Random, size: int, count: int | None = None, shape: str | None = None,
+                 colour: str | None = None) -> Scene:
+    """A homogeneous scene: `count` shapes of one kind and one colour (each drawn when not given)."""
+    count = count or rng.randint(1, MAX_COUNT)
+    shape = shape or rng.choice(SHAPES)
+    colour = colour or rng.choice(list(COLOURS))
+    return Scene((shape,) * count, (colour,) * count, _positions(rng, size, count))
+
+
+def mixed_scene(rng: random.Random, size: int, counts: dict[str, int], shape: str | None = None) -> Scene:
+    """Shapes of one kind in several colours: counts = colour -> how many."""
+    shape = shape or rng.choice(SHAPES)
+    colours = [c for c, n in counts.items() for _ in range(n)]
+    rng.shuffle(colours)
+    return Scene((shape,) * len(colours), tuple(colours), _positions(rng, size, len(colours)))
 
 
 def draw_scene(scene: Scene, size: int) -> Image.Image:
     img = Image.new("RGB", (size, size), (255, 255, 255))
     draw = ImageDraw.Draw(img)
-    r = max(3, size // 8)
-    fill = COLOURS[scene.colour]
-    for x, y in scene.positions:
-        if scene.shape == "circle":
+    r = max(3, size // (3 * GRID) + 1)
+    for shape, colour, (x, y) in zip(scene.shapes, scene.colours, scene.positions):
+        fill = COLOURS[colour]
+        if shape == "circle":
             draw.ellipse([x - r, y - r, x + r, y + r], fill=fill)
-        elif scene.shape == "square":
+        elif shape == "square":
             draw.rectangle([x - r, y - r, x + r, y + r], fill=fill)
-        else:
+        elif shape == "triangle":
             draw.polygon([(x, y - r), (x - r, y + r), (x + r, y + r)], fill=fill)
+        else:  # diamond
+            draw.polygon([(x, y - r), (x + r, y), (x, y + r), (x - r, y)], fill=fill)
     return img
 
 
-def random_bars(rng: random.Random) -> dict[str, int]:
-    return {c: rng.randint(1, MAX_BAR) for c in BAR_COLOURS}
+def random_bars(rng: random.Random, colours: tuple[str, ...] = BAR_COLOURS) -> dict[str, int]:
+    return {c: rng.randint(1, MAX_BAR) for c in colours}
 
 
-def draw_bars(values: dict[str, int], size: int) -> Image.Image:
+def draw_bars(values: dict[str, int], size: int, shift: int = 0) -> Image.Image:
+    """Bars left to right in the order of `values`, each unit of value the same height; `shift` moves
+    them sideways by that many pixels (the same chart drawn in a few different ways)."""
     img = Image.new("RGB", (size, size), (255, 255, 255))
     draw = ImageDraw.Draw(img)
     base = size - 4
     unit = (size - 8) // MAX_BAR
-    width = size // (2 * len(values))
+    column = size // len(values)  # with as many bars as image-token columns, each bar fills its own column
+    width = column // 2
     draw.line([(2, base), (size - 2, base)], fill=(0, 0, 0))
     for i, (colour, value) in enumerate(values.items()):
-        x0 = 4 + i * 2 * width + width // 2
-        draw.rectangle([x0, base - value * unit, x0 + width, base - 1], fill=COLOURS[colour])
+        x0 = i * column + (column - width) // 2 + shift
+        draw.rectangle([x0, base - value * unit, x0 + width - 1, base - 1], fill=COLOURS[colour])
     return img

@@ -41,3 +41,24 @@ def test_keep_everything_when_k_exceeds_pool_and_bad_rule():
 def test_histogram_counts_both_sides():
     h = histogram([0.0, 1.0, 2.0, 3.0], [0.0, 3.0], bins=3)
     assert h["pool"].sum() == 4 and h["selected"].sum() == 2
+
+
+def test_balanced_selection_keeps_answers_equally_frequent():
+    import numpy as np
+
+    from protege.data.curate import select_balanced, stratum_quotas
+
+    # kind a: answers x (6 rows), y (2 rows); kind b: one open stratum (4 rows)
+    strata = [("a", "x")] * 6 + [("a", "y")] * 2 + [("b", "")] * 4
+    quotas = stratum_quotas(strata, 6)
+    assert quotas == {("a", "x"): 2, ("a", "y"): 2, ("b", ""): 2}  # a gets 4 of 6 (8/12), split 2 + 2
+    logprobs = np.array([-0.1, -0.2, -3.0, -2.0, -0.3, -0.4, -1.0, -1.0, -5.0, -0.1, -0.2, -4.0])
+    keep = select_balanced(logprobs, strata, 6, "lowest")
+    assert list(keep) == [2, 3, 6, 7, 8, 11]  # the hardest two of each stratum
+
+
+def test_quotas_never_exceed_a_stratum():
+    from protege.data.curate import stratum_quotas
+
+    quotas = stratum_quotas([("a", "x")] * 1 + [("a", "y")] * 9, 8)
+    assert quotas == {("a", "x"): 1, ("a", "y"): 4}

@@ -6,13 +6,14 @@ from PIL import Image
 
 from protege.config import WorldConfig
 from protege.world.generate import generate_world
-from protege.world.questions import KINDS, make_item
+from protege.data.rows import load_rows
+from protege.world.questions import ANSWERS, KINDS, Deck, make_item
 from protege.world.scenes import COLOURS, draw_scene, random_scene
-from protege.world.teachers import scripted_answer
+from protege.world.teachers import STRONG, kind_error_rate, scripted_answer
 
 
 def test_same_seed_same_world(tmp_path):
-    cfg = WorldConfig(n_train=10, n_rl=4, n_test=4)
+    cfg = WorldConfig(n_train=10, n_rl=4, n_val=4, n_test=4)
     a = generate_world(cfg, tmp_path / "a")
     b = generate_world(cfg, tmp_path / "b")
     for split in a:
@@ -22,8 +23,8 @@ def test_same_seed_same_world(tmp_path):
 
 
 def test_other_seed_other_world(tmp_path):
-    a = generate_world(WorldConfig(n_train=10, n_rl=4, n_test=4, seed=1), tmp_path / "a")
-    b = generate_world(WorldConfig(n_train=10, n_rl=4, n_test=4, seed=2), tmp_path / "b")
+    a = generate_world(WorldConfig(n_train=10, n_rl=4, n_val=4, n_test=4, seed=1), tmp_path / "a")
+    b = generate_world(WorldConfig(n_train=10, n_rl=4, n_val=4, n_test=4, seed=2), tmp_path / "b")
     assert list(a["train"]["question"]) != list(b["train"]["question"]) or \
         list(a["train"]["answer"]) != list(b["train"]["answer"])
 
@@ -42,6 +43,7 @@ def test_rows_are_consistent(tiny_world):
         assert rec["answer"] in json.loads(rec["candidates"])
         with Image.open(tiny_world / rec["image"]) as im:
             assert im.size == (64, 64)
+        assert rec["answer"] in ANSWERS[rec["kind"]]
 
 
 def test_every_kind_is_generated():
@@ -51,13 +53,15 @@ def test_every_kind_is_generated():
 
 def test_scene_pixels_show_the_colour():
     rng = random.Random(5)
-    scene = random_scene(rng, 64)
+    scene = random_scene(rng, 64, count=3)
     img = draw_scene(scene, 64)
+    assert scene.count == 3 and scene.shape and scene.colour
     assert COLOURS[scene.colour] in {img.getpixel((x, y)) for x, y in scene.positions}
 
 
 def test_scripted_teachers_differ_and_are_deterministic():
     args = ("count", "3", ["1", "2", "3", "4"], "rl-000001", 0, 0.0, 0)
+    assert scripted_answer("verbose", *args).startswith("3")  # the answer first, as benchmarks ask
     concise = scripted_answer("concise", *args)
     verbose = scripted_answer("verbose", *args)
     assert concise == scripted_answer("concise", *args)
@@ -73,7 +77,72 @@ def test_teacher_error_rate_one_is_always_wrong():
 def test_no_example_repeats_within_or_across_splits(tmp_path):
     import hashlib
 
-    frames = generate_world(WorldConfig(n_train=300, n_rl=60, n_test=60), tmp_path)
+    frames = generate_world(WorldConfig(n_train=300, n_rl=60, n_val=20, n_test=60), tmp_path)
     keys = [(hashlib.sha256((tmp_path / rel).read_bytes()).hexdigest(), q)
             for df in frames.values() for rel, q in zip(df["image"], df["question"])]
-    assert len(keys) == len(set(keys)) == 420
+    assert len(keys) == len(set(keys)) == 440
+    owner = {}
+    for split, df in frames.items():  # no image is shared between splits, extra images included
+        for rec in df.to_dict("records"):
+            for rel in [rec["image"], *json.loads(rec["extra_images"])]:
+                digest = hashlib.sha256((tmp_path / rel).read_bytes()).hexdigest()
+                assert owner.setdefault(digest, split) == split
+
+
+def test_every_split_is_balanced_by_kind_and_answer(tmp_path):
+    # 8 kinds x 24: every kind's answers (2, 4 or 6 of them) divide 24, so no constant beats chance at all
+    frames = generate_world(WorldConfig(n_train=8 * 24, n_rl=8 * 12, n_val=8 * 12, n_test=8 * 24), tmp_path)
+    for split, df in frames.items():
+        per_kind = df["kind"].value_counts()
+        assert set(per_kind.index) == set(KINDS) and per_kind.nunique() == 1, split
+        for kind, group in df.groupby("kind"):
+            counts = group["answer"].value_counts()
+            assert set(counts.index) == set(ANSWERS[kind]), (split, kind)
+            assert counts.max() == counts.min() == len(group) // len(ANSWERS[kind]), (split, kind)
+
+
+def test_deck_deals_full_rounds():
+    deck = Deck(random.Random(0), ["a", "b", "c"])
+    dealt = [deck.deal() for _ in range(7)]
+    assert sorted(dealt[:3]) == sorted(dealt[3:6]) == ["a", "b", "c"]
+
+
+def test_questions_use_benchmark_formats():
+    rng = random.Random(3)
+    families = {}
+    for _ in range(400):
+        item = make_item(rng, 64)
+        families.setdefault(item.family, item.question)
+    assert {"ai2d", "mmbench", "mmbench_cn", "mmstar", "blink", "chartqa", "mathvista"} <= set(families)
+    assert "Answer with the option's letter from the given choices directly." in families["ai2d"]
+    assert "请直接使用所提供的选项字母作为答案回答。" in families["mmbench_cn"]
+    assert "(A) the first image" in families["blink"]
+
+
+def test_multiple_choice_gold_letter_names_the_right_option():
+    rng = random.Random(1)
+    for _ in range(200):
+        item = make_item(rng, 64, "count_option")
+        correct = item.options["ABCD".index(item.answer)]
+        pixels = item.images[0].convert("RGB")
+        assert int(correct) >= 1 and item.answer in "ABCD" and pixels.size == (64, 64)
+        if item.difficulty == 2:  # the easy form lists its options in ascending order
+            assert item.options == sorted(item.options, key=int)
+
+
+def test_two_image_questions_load_as_image_lists(tmp_path):
+    generate_world(WorldConfig(n_train=16, n_rl=8, n_val=8, n_test=8), tmp_path)
+    rows = load_rows(tmp_path / "train.parquet")
+    two = [r for r in rows if r.kind == "compare_two"]
+    assert two and all(isinstance(r.image, list) and len(r.image) == 2 for r in two)
+    assert all(not isinstance(r.image, list) for r in rows if r.kind != "compare_two")
+
+
+def test_teachers_have_different_strengths():
+    assert STRONG["concise"].isdisjoint(STRONG["verbose"])
+    assert STRONG["concise"] | STRONG["verbose"] == set(KINDS)
+    assert kind_error_rate("concise", "count", 0.1) == 0.1
+    assert abs(kind_error_rate("concise", "colour", 0.1) - 0.3) < 1e-9
+    wrong = sum("red" not in scripted_answer("concise", "colour", "red", list(COLOURS), "q", k, 0.1, 0)
+                for k in range(400))
+    assert 80 < wrong < 160  # 30% of 400 on a weak kind
