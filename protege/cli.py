@@ -72,6 +72,10 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
     except KeyError as exc:
         _fail(exc.args[0])
     root = Path.cwd()
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     try:
         with tracking.stage_run(name, root) as run:
             module.run(cfg, root, run)

@@ -221,6 +221,7 @@ class PromoteConfig(Section):
 
 class Config(Section):
     seed: int = 0
+    threads: int = Field(1, ge=0)  # torch threads per stage process; 0: torch's default (all cores)
     world: WorldConfig = WorldConfig()
     model: ModelConfig = ModelConfig()
     curate: CurateConfig = CurateConfig()

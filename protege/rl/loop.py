@@ -51,14 +51,16 @@ def checkpoint_dir(out_dir: Path, step: int) -> Path:
     return out_dir / f"step-{step:05d}"
 
 
-def fingerprint(cfg: RLConfig, seed: int) -> str:
-    """Identifies the run a resume state belongs to: a state from other params is never resumed.
+def fingerprint(cfg: RLConfig, seed: int, inputs_digest: str = "") -> str:
+    """Identifies the run a resume state belongs to: a state from other params or other inputs (the
+    caller's digest of the starting checkpoint and data) is never resumed.
 
     The number of processes counts (each holds its own optimizer partition and RNG); offload_idle, the
     learning curve's settings and the baseline's algorithm do not, since they never change this run's result.
     """
     params = cfg.model_dump(exclude={"offload_idle", "eval_every", "eval_items", "baseline"})
-    return hashlib.sha256(json.dumps([params, seed, world()[1]], sort_keys=True).encode()).hexdigest()[:16]
+    blob = json.dumps([params, seed, world()[1]] + ([inputs_digest] if inputs_digest else []), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: random.Random) -> list[str]:
@@ -85,7 +87,7 @@ def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], 
 
 def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLConfig, out_dir: Path, seed: int,
            on_log: Callable[[int, dict], None] | None = None, state_dir: Path | None = None,
-           stop_after: int | None = None) -> list[Path]:
+           stop_after: int | None = None, inputs_digest: str = "") -> list[Path]:
     """Trains `policy` in place (`ref` = frozen SFT model). Returns the checkpoint folders written.
 
     With `state_dir`, the full training state is saved every `save_every` steps and a matching state
@@ -140,7 +142,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
 
     order: list[int] = []
     start, saved = 1, []
-    fp = fingerprint(cfg, seed)
+    fp = fingerprint(cfg, seed, inputs_digest)
     if state_dir is not None and (meta := read_state(state_dir)) is not None and meta["fingerprint"] == fp:
         restore_state(state_dir, meta, policy=policy, disc=disc, updater=updater, disc_updater=disc_updater,
                       py_rng=rng, device=device, rank=rank)

@@ -8,6 +8,7 @@ every rl.eval_every steps) goes to MLflow and to reports/rl/learning_curve.csv (
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import shutil
 from pathlib import Path
@@ -50,6 +51,23 @@ def prepare_out_dir(out: Path, fp: str) -> int:
         if int(ckpt.name.split("-")[1]) > meta["step"]:
             shutil.rmtree(ckpt)
     return meta["step"]
+
+
+def inputs_digest(root: Path, ril: bool) -> str:
+    """sha256 over the files an RL run starts from (SFT weights, curated questions, and for RIL the teacher
+    answers and discriminator): a resume state from other inputs with the same params is not resumed."""
+    h = hashlib.sha256()
+    rels = [SFT_MODEL, CURATED_RL] + ([TEACHER_ANSWERS, DISCRIMINATOR] if ril else [])
+    for rel in rels:
+        path = root / rel
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in files:
+            if f.suffix in (".safetensors", ".parquet", ".json"):
+                h.update(f.name.encode())
+                with open(f, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 def teacher_answers(root: Path) -> dict[str, list[tuple[str, str]]]:
@@ -137,7 +155,8 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     policy, processor = load_student(root / SFT_MODEL)
     ref, _ = load_student(root / SFT_MODEL)
     out = root / out_rel
-    resumed = prepare_out_dir(out, fingerprint(c, cfg.seed))
+    digest = inputs_digest(root, ril)
+    resumed = prepare_out_dir(out, fingerprint(c, cfg.seed, digest))
     judge = None
     if c.judge == "llm":
         judge = LLMJudge(build_teacher(c.judge_model, root, 0.0, cfg.seed), out / "judge_verdicts.jsonl")
@@ -154,7 +173,8 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
         history.append(metrics)
         log_step(step, metrics)
 
-    saved = run_rl(policy, ref, processor, inputs, c, out, cfg.seed, on_log=log, state_dir=out / STATE)
+    saved = run_rl(policy, ref, processor, inputs, c, out, cfg.seed, on_log=log, state_dir=out / STATE,
+                   inputs_digest=digest)
     run.log_model(saved[-1], model_name, params=c.model_dump())
     summary = {"algorithm": algorithm, "checkpoints": len(saved), "resumed_after_step": resumed}
     if history:

@@ -28,3 +28,22 @@ def test_discriminator_pretraining_draws_n_teacher_answers_per_question():
                             "teacher": ["t1", "t2"] * 7, "answer": [f"y{i}" for i in range(14)]})
     out = balanced_teacher_answers(teacher, student, seed=0)
     assert out.groupby("question_id").size().to_dict() == {"a": 2, "b": 2}  # b has only 2 teacher answers
+
+
+def test_rl_resume_state_is_tied_to_its_inputs(tmp_path):
+    from protege.config import RLConfig
+    from protege.paths import CURATED_RL, SFT_MODEL
+    from protege.rl.loop import fingerprint
+    from protege.stages.rl import inputs_digest
+
+    (tmp_path / SFT_MODEL).mkdir(parents=True)
+    (tmp_path / SFT_MODEL / "model.safetensors").write_bytes(b"weights-1")
+    (tmp_path / CURATED_RL).parent.mkdir(parents=True)
+    (tmp_path / CURATED_RL).write_bytes(b"table")
+    before = inputs_digest(tmp_path, ril=False)
+    (tmp_path / SFT_MODEL / "model.safetensors").write_bytes(b"weights-2")  # a new SFT checkpoint
+    after = inputs_digest(tmp_path, ril=False)
+    assert before != after
+    cfg = RLConfig()
+    assert fingerprint(cfg, 0, before) != fingerprint(cfg, 0, after)
+    assert fingerprint(cfg, 0) == fingerprint(cfg, 0, "")
