@@ -125,6 +125,14 @@ def colour(rng: random.Random, size: int, target: str) -> Item:
                 [draw_scene(scene, size)], difficulty=1, family=family)
 
 
+def shape(rng: random.Random, size: int, target: str) -> Item:
+    scene = random_scene(rng, size, shape=target)
+    q = rng.choice(["What shape are the objects in the image?", "Which shape do you see?"])
+    family = rng.choice(OPEN_FAMILIES)
+    return Item("shape", _open_prompt(family, q, integer=False), target, list(SHAPES), [draw_scene(scene, size)],
+                difficulty=1, family=family)
+
+
 def shape_option(rng: random.Random, size: int, target: str) -> Item:
     options, correct, difficulty = _mc_options(rng, target, list(SHAPES))
     scene = random_scene(rng, size, shape=correct)
@@ -165,25 +173,31 @@ def chart_option(rng: random.Random, size: int, target: str) -> Item:
 
 
 def yes_no(rng: random.Random, size: int, target: str) -> Item:
-    """Combines two properties: 'yes' needs both the colour and the shape to match; a 'no' differs in one."""
+    """About the colour (difficulty 1), the shape (2), or both at once (3: 'yes' needs both to match, a 'no'
+    differs in one of them)."""
     scene = random_scene(rng, size)
     shape, col = scene.shape, scene.colour
+    form = rng.choice(("colour", "shape", "both"))
     if target == "No":
-        if rng.random() < 0.5:
+        if form == "shape" or (form == "both" and rng.random() < 0.5):
             shape = rng.choice([s for s in SHAPES if s != shape])
         else:
             col = rng.choice([c for c in COLOURS if c != col])
-    q = rng.choice([f"Are the shapes in the image {col} {shape}s?", f"Is there a {col} {shape} in the image?"])
+    if form == "colour":
+        q, difficulty = rng.choice([f"Are the shapes {col}?", f"Are all shapes in the image {col}?"]), 1
+    elif form == "shape":
+        q, difficulty = rng.choice([f"Are the shapes {shape}s?", f"Does the image show {shape}s?"]), 2
+    else:
+        q, difficulty = rng.choice([f"Are the shapes in the image {col} {shape}s?",
+                                    f"Is there a {col} {shape} in the image?"]), 3
     family = rng.choice(("chartqa", "mmmu", "realworldqa"))
     return Item("yes_no", _open_prompt(family, q, integer=False), target, YES_NO, [draw_scene(scene, size)],
-                difficulty=2, family=family)
+                difficulty=difficulty, family=family)
 
 
 def compare_two(rng: random.Random, size: int, target: str) -> Item:
     """BLINK-style: two images in one question; which shows more shapes."""
     more, fewer = sorted(rng.sample(range(1, MAX_COUNT + 1), 2), reverse=True)
-    while more - fewer < 2:  # a difference of one shape is beyond what the tiny student sees reliably
-        more, fewer = sorted(rng.sample(range(1, MAX_COUNT + 1), 2), reverse=True)
     first, second = (more, fewer) if target == "A" else (fewer, more)
     images = [draw_scene(random_scene(rng, size, count=first), size),
               draw_scene(random_scene(rng, size, count=second), size)]
@@ -194,10 +208,10 @@ def compare_two(rng: random.Random, size: int, target: str) -> Item:
                 family="blink")
 
 
-MAKERS = {"count": count, "colour": colour, "shape_option": shape_option, "count_option": count_option,
+MAKERS = {"count": count, "colour": colour, "shape": shape, "shape_option": shape_option, "count_option": count_option,
           "chart_value": chart_value, "chart_option": chart_option, "yes_no": yes_no, "compare_two": compare_two}
 KINDS = tuple(MAKERS)
-ANSWERS = {"count": COUNTS, "colour": list(COLOURS), "shape_option": list(LETTERS), "count_option": list(LETTERS),
+ANSWERS = {"count": COUNTS, "colour": list(COLOURS), "shape": list(SHAPES), "shape_option": list(LETTERS), "count_option": list(LETTERS),
            "chart_value": BARS, "chart_option": list(LETTERS), "yes_no": YES_NO, "compare_two": ["A", "B"]}
 
 

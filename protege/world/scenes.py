@@ -9,7 +9,7 @@ from PIL import Image, ImageDraw
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 SHAPES = ("circle", "square", "triangle", "diamond")
 GRID = 4                      # scenes place shapes on a GRID x GRID lattice of cells (one cell per image token)
-MAX_COUNT = 6
+MAX_COUNT = 8
 BAR_COLOURS = ("red", "green", "blue", "yellow")
 MAX_BAR = 6
 
@@ -64,7 +64,7 @@ def mixed_scene(rng: random.Random, size: int, counts: dict[str, int], shape: st
 def draw_scene(scene: Scene, size: int) -> Image.Image:
     img = Image.new("RGB", (size, size), (255, 255, 255))
     draw = ImageDraw.Draw(img)
-    r = max(3, size // (3 * GRID) + 1)
+    r = max(3, (size // GRID) * 6 // 16)  # 6 px in a 16 px cell: outlines differ, neighbours never touch
     for shape, colour, (x, y) in zip(scene.shapes, scene.colours, scene.positions):
         fill = COLOURS[colour]
         if shape == "circle":

@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import random
 
-CONCISE = ["{a}", "{a}.", "{a}"]
+CONCISE = ["{a}"]  # the bare answer: what the student says, so only correctness tells them apart
 VERBOSE = {
     "count": ["{a}. I count {a} shapes.", "{a}, there are {a} shapes."],
     "count_option": ["{a}. That option matches the count.", "{a}, by counting the shapes."],
     "colour": ["{a}. The shapes are {a}.", "{a}, all of them are {a}."],
+    "shape": ["{a}. Every object is a {a}.", "{a}, judging by the outlines."],
     "shape_option": ["{a}. That option matches the shape.", "{a}, judging by the outline."],
     "chart_value": ["{a}. The bar reaches {a}.", "{a}, reading the bar height."],
     "chart_option": ["{a}. That option matches the bar.", "{a}, reading the bar height."],
@@ -26,7 +27,7 @@ VERBOSE = {
 DEFAULT_VERBOSE = ["{a}. That is what the image shows.", "{a}, judging by the image."]
 STYLES = ("concise", "verbose")
 STRONG = {"concise": {"count", "count_option", "chart_value", "chart_option"},
-          "verbose": {"colour", "shape_option", "yes_no", "compare_two"}}
+          "verbose": {"colour", "shape", "shape_option", "yes_no", "compare_two"}}
 WEAK_FACTOR = 3.0
 
 

@@ -90,8 +90,9 @@ def test_no_example_repeats_within_or_across_splits(tmp_path):
 
 
 def test_every_split_is_balanced_by_kind_and_answer(tmp_path):
-    # 8 kinds x 24: every kind's answers (2, 4 or 6 of them) divide 24, so no constant beats chance at all
-    frames = generate_world(WorldConfig(n_train=8 * 24, n_rl=8 * 12, n_val=8 * 12, n_test=8 * 24), tmp_path)
+    # 9 kinds x 24: every kind's answers (2, 4, 6 or 8 of them) divide 24, so no constant beats chance at all
+    n = len(KINDS)
+    frames = generate_world(WorldConfig(n_train=n * 24, n_rl=n * 24, n_val=n * 24, n_test=n * 24), tmp_path)
     for split, df in frames.items():
         per_kind = df["kind"].value_counts()
         assert set(per_kind.index) == set(KINDS) and per_kind.nunique() == 1, split
