@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from protege.world.teachers import scripted_answer
+from protege.world.teachers import behaviour_digest, scripted_answer
 
 
 @dataclass(frozen=True)
@@ -82,12 +82,13 @@ class ScriptedTeacher:
     name: str
     error_rate: float
     seed: int
-    revision: str = "scripted-v1"
+    revision: str = ""  # default: a digest of what decides its answers (so a change is asked anew)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     style: str = ""  # "concise" | "verbose"; defaults to the name (two teachers may share a style)
 
     def __post_init__(self) -> None:
         self.style = self.style or self.name
+        self.revision = self.revision or "scripted-" + behaviour_digest(self.style, self.error_rate, self.seed)
 
     def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
         for r in requests:

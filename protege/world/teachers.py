@@ -4,8 +4,12 @@ They see the ground truth (they are scripted) and answer wrongly at a rate that 
 question kind: `error_rate` on the kinds they are strong at, `WEAK_FACTOR` times that on the others.
 `concise` is strong at counting and charts, `verbose` at colours, shapes and comparisons, so the two
 teachers together know more than either alone. Both follow the benchmarks' instructions and state
-the answer first (a letter for multiple choice, the bare value otherwise); they differ in what follows.
-Each answer is a pure function of (teacher, question id, sample index, seed), so a cache is exact.
+the answer first (a letter for multiple choice, the bare value otherwise): `concise` says only that,
+as the SFT student does, so a discriminator can tell the two apart only by correctness; `verbose`
+ends its answer with a full stop, a style the student can take on in one token. (Longer phrasings,
+kept in `VERBOSE` for other worlds, made the tiny student stop ending its answers under RIL: see
+dev/LOG.md.) Each answer is a pure function of (teacher, question id, sample index, seed), so a cache
+is exact.
 """
 from __future__ import annotations
 
@@ -13,18 +17,8 @@ import hashlib
 import random
 
 CONCISE = ["{a}"]  # the bare answer: what the student says, so only correctness tells them apart
-VERBOSE = {
-    "count": ["{a}. I count {a} shapes.", "{a}, there are {a} shapes."],
-    "count_option": ["{a}. That option matches the count.", "{a}, by counting the shapes."],
-    "colour": ["{a}. The shapes are {a}.", "{a}, all of them are {a}."],
-    "shape": ["{a}. Every object is a {a}.", "{a}, judging by the outlines."],
-    "shape_option": ["{a}. That option matches the shape.", "{a}, judging by the outline."],
-    "chart_value": ["{a}. The bar reaches {a}.", "{a}, reading the bar height."],
-    "chart_option": ["{a}. That option matches the bar.", "{a}, reading the bar height."],
-    "yes_no": ["{a}. I checked colour and shape.", "{a}, judging by the picture."],
-    "compare_two": ["{a}. That image has more shapes.", "{a}, by counting both images."],
-}
-DEFAULT_VERBOSE = ["{a}. That is what the image shows.", "{a}, judging by the image."]
+VERBOSE: dict[str, list[str]] = {}
+DEFAULT_VERBOSE = ["{a}."]
 STYLES = ("concise", "verbose")
 STRONG = {"concise": {"count", "count_option", "chart_value", "chart_option"},
           "verbose": {"colour", "shape", "shape_option", "yes_no", "compare_two"}}
@@ -52,6 +46,14 @@ def scripted_answer(teacher: str, kind: str, answer: str, candidates: list[str],
         said = rng.choice(wrong)
     templates = CONCISE if teacher == "concise" else VERBOSE.get(kind, DEFAULT_VERBOSE)
     return rng.choice(templates).format(a=said)
+
+
+def behaviour_digest(teacher: str, error_rate: float, seed: int) -> str:
+    """Identifies everything that decides a scripted teacher's answers (its phrasings, strengths, error
+    rates, seed): the teacher cache keys on it, so changing any of them asks the teacher again."""
+    what = [teacher, CONCISE, VERBOSE, DEFAULT_VERBOSE, sorted(STRONG.get(teacher, ())), WEAK_FACTOR, error_rate,
+            seed]
+    return hashlib.sha256(repr(what).encode()).hexdigest()[:12]
 
 
 def all_templates() -> list[str]:

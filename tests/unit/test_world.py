@@ -147,3 +147,12 @@ def test_teachers_have_different_strengths():
     wrong = sum("red" not in scripted_answer("concise", "colour", "red", list(COLOURS), "q", k, 0.1, 0)
                 for k in range(400))
     assert 80 < wrong < 160  # 30% of 400 on a weak kind
+
+
+def test_scripted_teacher_revision_follows_its_behaviour():
+    from protege.teachers.backends import ScriptedTeacher
+
+    a = ScriptedTeacher("concise", error_rate=0.1, seed=0)
+    assert a.revision == ScriptedTeacher("concise", error_rate=0.1, seed=0).revision
+    assert a.revision != ScriptedTeacher("concise", error_rate=0.2, seed=0).revision  # new answers: new keys
+    assert a.revision != ScriptedTeacher("verbose", error_rate=0.1, seed=0).revision
