@@ -6,9 +6,9 @@ question kind: `error_rate` on the kinds they are strong at, `WEAK_FACTOR` times
 teachers together know more than either alone. Both follow the benchmarks' instructions and state
 the answer first (a letter for multiple choice, the bare value otherwise): `concise` says only that,
 as the SFT student does, so a discriminator can tell the two apart only by correctness; `verbose`
-ends its answer with a full stop, a style the student can take on in one token. (Longer phrasings,
-kept in `VERBOSE` for other worlds, made the tiny student stop ending its answers under RIL: see
-dev/LOG.md.) Each answer is a pure function of (teacher, question id, sample index, seed), so a cache
+ends its answer with a full stop, a style the student can take on in one token (sentences after the
+answer made the tiny student stop ending its answers under RIL: see dev/LOG.md; `VERBOSE` can hold
+phrasings per kind). Each answer is a pure function of (teacher, question id, sample index, seed), so a cache
 is exact.
 """
 from __future__ import annotations
