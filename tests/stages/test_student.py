@@ -21,12 +21,15 @@ def test_save_load_round_trip(tiny_student, tiny_processor, tiny_world, tmp_path
 
 
 def test_prompt_is_prefix_and_mask_covers_answer(tiny_processor, tiny_world):
-    r = load_rows(tiny_world / "train.parquet")[0]
+    rows = load_rows(tiny_world / "train.parquet")
+    r = next(r for r in rows if not isinstance(r.image, list))
     batch = tiny_processor.encode_pairs([r.question], [r.image], [r.answer])
     answer_ids = batch["input_ids"][0][batch["answer_mask"][0] == 1]
     text = tiny_processor.tokenizer.decode(answer_ids)
     assert text == r.answer + tiny_processor.tokenizer.eos_token
     assert int(batch["mm_token_type_ids"].sum()) == 16  # 64x64 image, patch 8, merge 2
+    two = next(r for r in rows if isinstance(r.image, list))  # BLINK-style: two images, 16 tokens each
+    assert int(tiny_processor.encode_pairs([two.question], [two.image], [two.answer])["mm_token_type_ids"].sum()) == 32
 
 
 def test_completion_mask_stops_after_eos():

@@ -15,7 +15,7 @@ def write(tmp_path, text):
 
 def test_repo_params_are_valid():
     cfg = load_config(REPO / "params.yaml")
-    assert cfg.rl.algorithm == "dr_grpo"
+    assert cfg.rl.algorithm == "ril" and cfg.rl.baseline == "dr_grpo"
     assert cfg.rl.clip_eps == 0.2 and cfg.rl.kl_beta == 0.04
 
 

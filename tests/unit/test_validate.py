@@ -65,7 +65,7 @@ def test_image_too_small_and_letter_beyond_options(world_copy):
     df = pd.read_parquet(path)
     Image.new("RGB", (4, 4)).save(world_copy / df.loc[1, "image"])
     mc = df.index[df["kind"] == "shape_option"][0]
-    df.loc[mc, "answer"] = "D"  # three options: A..C
+    df.loc[mc, "answer"] = "E"  # four options: A..D
     df.to_parquet(path, index=False)
     _, failures = failures_of(path)
     by_col = {f.column: f for f in failures}
