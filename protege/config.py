@@ -29,6 +29,19 @@ class WorldConfig(Section):
     n_test: int = Field(400, ge=4)
     image_size: int = Field(64, ge=16)
     vocab_size: int = Field(512, ge=300)
+    # benchmark prompt formats the SFT pool never uses (the RL pool and the test split do): the formats
+    # post-training must teach, e.g. [mmstar, mmvet]
+    sft_held_out_formats: list[str] = []
+
+    @model_validator(mode="after")
+    def _known_formats(self) -> "WorldConfig":
+        from protege.eval.items import BENCHMARKS
+
+        unknown = sorted(set(self.sft_held_out_formats) - set(BENCHMARKS))
+        if unknown:
+            raise ValueError(f"world.sft_held_out_formats: unknown format(s) {unknown}; expected benchmark names "
+                             f"from {', '.join(BENCHMARKS)}")
+        return self
 
 
 class ModelConfig(Section):

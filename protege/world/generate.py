@@ -49,7 +49,8 @@ def generate_split(cfg: WorldConfig, split: str, out_dir: Path, seen: set[tuple[
         kind = kinds.deal()
         target = targets[kind].deal()
         for _ in range(1000):
-            item = make_item(rng, cfg.image_size, kind, target)
+            item = make_item(rng, cfg.image_size, kind, target,
+                             held_out=tuple(cfg.sft_held_out_formats) if split == "train" else ())
             pngs = [_png(im) for im in item.images]
             hashes = [hashlib.sha256(p).hexdigest() for p in pngs]
             key = (*hashes, item.question)

@@ -108,71 +108,71 @@ def _mc_options(rng: random.Random, gold_letter: str, pool: list[str]) -> tuple[
     return _options_with(rng, gold_letter, correct, pool), correct, 2
 
 
-def count(rng: random.Random, size: int, target: str) -> Item:
+def count(rng: random.Random, size: int, target: str, pick) -> Item:
     scene = random_scene(rng, size, count=int(target))
     q = rng.choice(["How many shapes are in the image?", "How many shapes are there?",
                     "Count the shapes in the picture."])
-    family = rng.choice(OPEN_FAMILIES)
+    family = pick(OPEN_FAMILIES)
     return Item("count", _open_prompt(family, q, integer=True), target, COUNTS, [draw_scene(scene, size)],
                 difficulty=2, family=family)
 
 
-def colour(rng: random.Random, size: int, target: str) -> Item:
+def colour(rng: random.Random, size: int, target: str, pick) -> Item:
     scene = random_scene(rng, size, colour=target)
     q = rng.choice(["What colour are the shapes?", "Which colour do the shapes have?"])
-    family = rng.choice(OPEN_FAMILIES)
+    family = pick(OPEN_FAMILIES)
     return Item("colour", _open_prompt(family, q, integer=False), target, list(COLOURS),
                 [draw_scene(scene, size)], difficulty=1, family=family)
 
 
-def shape(rng: random.Random, size: int, target: str) -> Item:
+def shape(rng: random.Random, size: int, target: str, pick) -> Item:
     scene = random_scene(rng, size, shape=target)
     q = rng.choice(["What shape are the objects in the image?", "Which shape do you see?"])
-    family = rng.choice(OPEN_FAMILIES)
+    family = pick(OPEN_FAMILIES)
     return Item("shape", _open_prompt(family, q, integer=False), target, list(SHAPES), [draw_scene(scene, size)],
                 difficulty=1, family=family)
 
 
-def shape_option(rng: random.Random, size: int, target: str) -> Item:
+def shape_option(rng: random.Random, size: int, target: str, pick) -> Item:
     options, correct, difficulty = _mc_options(rng, target, list(SHAPES))
     scene = random_scene(rng, size, shape=correct)
-    family = rng.choice(MC_FAMILIES)
+    family = pick(MC_FAMILIES)
     shown = [SHAPES_CN[o] for o in options] if family == "mmbench_cn" else options
     prompt = _mc_prompt(rng, family, "Which shape is shown in the image?", "图中是哪种图形？", shown)
     return Item("shape_option", prompt, target, list(LETTERS), [draw_scene(scene, size)], options=shown,
                 difficulty=difficulty, family=family)
 
 
-def count_option(rng: random.Random, size: int, target: str) -> Item:
+def count_option(rng: random.Random, size: int, target: str, pick) -> Item:
     options, correct, difficulty = _mc_options(rng, target, COUNTS)
     scene = random_scene(rng, size, count=int(correct))
-    family = rng.choice(MC_FAMILIES)
+    family = pick(MC_FAMILIES)
     prompt = _mc_prompt(rng, family, "How many shapes are in the image?", "图中有几个图形？", options)
     return Item("count_option", prompt, target, list(LETTERS), [draw_scene(scene, size)], options=options,
                 difficulty=difficulty + 1, family=family)
 
 
-def chart_value(rng: random.Random, size: int, target: str) -> Item:
+def chart_value(rng: random.Random, size: int, target: str, pick) -> Item:
     bar = rng.choice(BAR_COLOURS)
     values = random_bars(rng)
     values[bar] = int(target)
-    family = rng.choice(("chartqa", "mathvista", "realworldqa", "mmmu"))
+    family = pick(("chartqa", "mathvista", "realworldqa", "mmmu"))
     prompt = _open_prompt(family, f"What is the value of the {bar} bar?", integer=True)
     return Item("chart_value", prompt, target, BARS, [draw_bars(values, size, shift=rng.randint(-2, 2))], difficulty=3, family=family)
 
 
-def chart_option(rng: random.Random, size: int, target: str) -> Item:
+def chart_option(rng: random.Random, size: int, target: str, pick) -> Item:
     bar = rng.choice(BAR_COLOURS)
     options, correct, difficulty = _mc_options(rng, target, BARS)
     values = random_bars(rng)
     values[bar] = int(correct)
-    family = rng.choice(("seedbench", "ai2d", "mmstar", "mmmu"))
+    family = pick(("seedbench", "ai2d", "mmstar", "mmmu"))
     prompt = _mc_prompt(rng, family, f"What is the value of the {bar} bar in the chart?", "", options)
     return Item("chart_option", prompt, target, list(LETTERS), [draw_bars(values, size, shift=rng.randint(-2, 2))], options=options,
                 difficulty=difficulty + 1, family=family)
 
 
-def yes_no(rng: random.Random, size: int, target: str) -> Item:
+def yes_no(rng: random.Random, size: int, target: str, pick) -> Item:
     """About the colour (difficulty 1), the shape (2), or both at once (3: 'yes' needs both to match, a 'no'
     differs in one of them)."""
     scene = random_scene(rng, size)
@@ -190,12 +190,12 @@ def yes_no(rng: random.Random, size: int, target: str) -> Item:
     else:
         q, difficulty = rng.choice([f"Are the shapes in the image {col} {shape}s?",
                                     f"Is there a {col} {shape} in the image?"]), 3
-    family = rng.choice(("chartqa", "mmmu", "realworldqa"))
+    family = pick(("chartqa", "mmmu", "realworldqa"))
     return Item("yes_no", _open_prompt(family, q, integer=False), target, YES_NO, [draw_scene(scene, size)],
                 difficulty=difficulty, family=family)
 
 
-def compare_two(rng: random.Random, size: int, target: str) -> Item:
+def compare_two(rng: random.Random, size: int, target: str, pick) -> Item:
     """BLINK-style: two images in one question; which shows more shapes."""
     more, fewer = sorted(rng.sample(range(1, MAX_COUNT + 1), 2), reverse=True)
     first, second = (more, fewer) if target == "A" else (fewer, more)
@@ -228,6 +228,13 @@ class Deck:
         return self.hand.pop()
 
 
-def make_item(rng: random.Random, size: int, kind: str | None = None, target: str | None = None) -> Item:
+def make_item(rng: random.Random, size: int, kind: str | None = None, target: str | None = None,
+              held_out: tuple[str, ...] = ()) -> Item:
+    """One question of `kind` with answer `target` (each drawn when not given), worded in the format of a
+    benchmark family not in `held_out` (a kind asked only in held-out formats keeps them)."""
     kind = kind or rng.choice(KINDS)
-    return MAKERS[kind](rng, size, target or rng.choice(ANSWERS[kind]))
+
+    def pick(families: tuple[str, ...]) -> str:
+        return rng.choice([f for f in families if f not in held_out] or list(families))
+
+    return MAKERS[kind](rng, size, target or rng.choice(ANSWERS[kind]), pick)

@@ -156,3 +156,18 @@ def test_scripted_teacher_revision_follows_its_behaviour():
     assert a.revision == ScriptedTeacher("concise", error_rate=0.1, seed=0).revision
     assert a.revision != ScriptedTeacher("concise", error_rate=0.2, seed=0).revision  # new answers: new keys
     assert a.revision != ScriptedTeacher("verbose", error_rate=0.1, seed=0).revision
+
+
+def test_held_out_formats_never_reach_the_sft_pool(tmp_path):
+    frames = generate_world(WorldConfig(n_train=90, n_rl=90, n_val=9, n_test=9,
+                                        sft_held_out_formats=["mmstar", "mmvet"]), tmp_path)
+    assert not {"mmstar", "mmvet"} & set(frames["train"]["family"])
+    assert {"mmstar", "mmvet"} & set(frames["rl"]["family"])
+
+
+def test_unknown_held_out_format_is_an_error():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="mmstr"):
+        WorldConfig(sft_held_out_formats=["mmstr"])
