@@ -36,7 +36,7 @@ FORMATS = {"ai2d": "tsv", "chartqa": "parquet", "mathvista": "parquet", "mmbench
 SUFFIX = {"tsv": ".tsv", "parquet": ".parquet", "json": ".json"}
 LETTERS = "ABCDEFGHIJ"
 COLOURS_CN = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色"}
-SHAPES_CN = {"circle": "圆形", "square": "正方形", "triangle": "三角形"}
+SHAPES_CN = {"circle": "圆形", "square": "正方形", "triangle": "三角形", "diamond": "菱形"}
 
 
 class Draw:

@@ -48,3 +48,18 @@ def test_images_are_new_and_reproducible():
     s2, _ = suite()
     assert [it.question for it in s2["ai2d"]] == [it.question for it in s1["ai2d"]]
     assert [it.images for it in s2["chartqa"]] == [it.images for it in s1["chartqa"]]
+
+
+def test_every_shape_and_colour_has_a_chinese_name():
+    from protege.world.benchmarks import COLOURS_CN, SHAPES_CN
+    from protege.world.scenes import COLOURS, SHAPES
+
+    assert set(SHAPES_CN) == set(SHAPES) and set(COLOURS_CN) == set(COLOURS)
+
+
+def test_mini_benchmarks_draw_for_many_seeds():
+    from protege.world.benchmarks import make_mini_benchmark
+
+    for seed in range(8):  # every shape, colour and count shows up in some question
+        for name in ("mmbench_cn", "mmbench", "ai2d", "realworldqa"):
+            assert make_mini_benchmark(name, seed, 64, 24, set())
