@@ -52,11 +52,23 @@ class StudentProcessor:
                                                   add_generation_prompt=True)
 
     def _images(self, per_prompt: list[list[Image.Image]]) -> dict[str, torch.Tensor]:
-        flat = [im.convert("RGB") for ims in per_prompt for im in ims]
+        flat = [im for ims in per_prompt for im in ims]
         if not flat:  # text-only batch: the model runs as a plain language model
             return {}
-        out = self.image_processor(images=flat, return_tensors="pt")
-        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        # the same image object repeated (a question with several answers to score) is processed once
+        first: dict[int, int] = {}  # id(image) -> its position among the unique images
+        unique: list[Image.Image] = []
+        for im in flat:
+            if id(im) not in first:
+                first[id(im)] = len(unique)
+                unique.append(im)
+        out = self.image_processor(images=[im.convert("RGB") for im in unique], return_tensors="pt")
+        grids = out["image_grid_thw"]
+        if len(unique) == len(flat):
+            return {"pixel_values": out["pixel_values"], "image_grid_thw": grids}
+        patches = out["pixel_values"].split(grids.prod(dim=1).tolist())
+        order = [first[id(im)] for im in flat]
+        return {"pixel_values": torch.cat([patches[j] for j in order]), "image_grid_thw": grids[order]}
 
     def _expanded_prompts(self, questions: list[str], per_prompt: list[list[Image.Image]],
                           vis: dict[str, torch.Tensor]) -> list[str]:

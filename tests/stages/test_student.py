@@ -103,3 +103,16 @@ def test_prompts_with_several_images_or_none(tiny_student, tiny_processor, tiny_
     text_only = tiny_processor.encode_prompts(["What is 2+2?"], [None])
     assert "pixel_values" not in text_only
     assert len(sample(tiny_student, tiny_processor, text_only, Sampling(max_new_tokens=4)).texts) == 1
+
+
+def test_a_repeated_image_is_processed_once_with_the_same_result(tiny_processor, tiny_world):
+    rows = load_rows(tiny_world / "train.parquet")
+    one = next(r for r in rows if not isinstance(r.image, list))
+    two = next(r for r in rows if isinstance(r.image, list))
+    copies = [one.image.copy() for _ in range(3)]  # distinct objects: processed one by one
+    shared = [one.image] * 3                       # one object: processed once
+    qs, answers = [one.question] * 3 + [two.question], ["a", "b", "c", "d"]
+    a = tiny_processor.encode_pairs(qs, copies + [two.image], answers)
+    b = tiny_processor.encode_pairs(qs, shared + [two.image], answers)
+    for key in ("pixel_values", "image_grid_thw", "input_ids", "mm_token_type_ids"):
+        assert torch.equal(a[key], b[key]), key
