@@ -40,7 +40,8 @@ def requests_for(questions: pd.DataFrame, table: Path, image_hashes: dict[str, s
             key = cache_key(backend.name, backend.revision, prompt, "+".join(image_hashes[r] for r in rels),
                             backend.sampling.as_dict(), k)
             out.append(TeacherRequest(key, rec["id"], rec["question"], str(img), rec.get("kind", ""), rec["answer"],
-                                      tuple(json.loads(rec.get("candidates") or "[]")), k))
+                                      tuple(json.loads(rec.get("candidates") or "[]")), k,
+                                      tuple(str(image_path(table, rel)) for rel in rels[1:])))
     return out
 
 

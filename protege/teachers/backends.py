@@ -24,6 +24,11 @@ class TeacherRequest:
     reference: str = ""            # only the scripted teachers look at it
     candidates: tuple[str, ...] = ()
     sample_index: int = 0
+    extra_image_paths: tuple[str, ...] = ()  # a question about several images: the second one onwards
+
+    @property
+    def image_paths(self) -> list[str]:
+        return ([self.image_path] if self.image_path else []) + list(self.extra_image_paths)
 
 
 @dataclass(frozen=True)
@@ -131,9 +136,12 @@ class TransformersTeacher:
         for i in range(0, len(requests), self.batch_size):
             chunk = requests[i:i + self.batch_size]
             images = []
-            for r in chunk:
-                with Image.open(r.image_path) as im:
-                    images.append(im.convert("RGB"))
+            for r in chunk:  # each prompt's images, in order (none, one or several)
+                opened = []
+                for path in r.image_paths:
+                    with Image.open(path) as im:
+                        opened.append(im.convert("RGB"))
+                images.append(opened)
             t0 = time.perf_counter()
             batch = self.processor.encode_prompts([r.question for r in chunk], images)
             c = sample(self.model, self.processor, batch, s)
@@ -171,10 +179,12 @@ class VLLMTeacher:
                            max_tokens=self.sampling.max_tokens)
         prompts = []
         for r in requests:
-            with Image.open(r.image_path) as im:
-                image = im.convert("RGB")
-            prompts.append({"prompt": [{"role": "user", "content": [{"type": "image_pil", "image_pil": image},
-                                                                     {"type": "text", "text": r.question}]}]})
+            content = []
+            for path in r.image_paths:
+                with Image.open(path) as im:
+                    content.append({"type": "image_pil", "image_pil": im.convert("RGB")})
+            content.append({"type": "text", "text": r.question})
+            prompts.append({"prompt": [{"role": "user", "content": content}]})
         t0 = time.perf_counter()
         outputs = self.llm.chat([p["prompt"] for p in prompts], params)
         latency = (time.perf_counter() - t0) / max(1, len(requests))

@@ -60,8 +60,8 @@ class OpenAITeacher:
 
     def _payload(self, r: TeacherRequest) -> dict:
         content: list[dict] = []
-        if r.image_path:
-            content.append({"type": "image_url", "image_url": {"url": image_data_url(r.image_path)}})
+        for path in r.image_paths:  # several images of one question travel in order
+            content.append({"type": "image_url", "image_url": {"url": image_data_url(path)}})
         content.append({"type": "text", "text": r.question})
         return {"model": self.model, "messages": [{"role": "user", "content": content}],
                 **self.sampling.as_dict(), "n": 1}

@@ -81,3 +81,24 @@ def test_sigkill_mid_fill_then_rerun_gives_one_answer_per_key(tmp_path):
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_a_question_about_two_images_reaches_teachers_with_both(tiny_student, tiny_processor, tiny_world, tmp_path):
+    import json
+
+    from protege.teachers.openai_backend import OpenAITeacher
+
+    table = tiny_world / "rl.parquet"
+    rec = next(r for r in read_table(table).to_dict("records") if json.loads(r["extra_images"]))
+    paths = [str(image_path(table, rel)) for rel in [rec["image"], *json.loads(rec["extra_images"])]]
+    req = TeacherRequest("k" * 64, rec["id"], rec["question"], paths[0], extra_image_paths=tuple(paths[1:]))
+    assert req.image_paths == paths and len(paths) == 2
+    api = OpenAITeacher("remote", "http://127.0.0.1:9/v1", "m", SamplingParams(), api_key_env=None)
+    parts = api._payload(req)["messages"][0]["content"]
+    assert [p["type"] for p in parts] == ["image_url", "image_url", "text"]
+    assert parts[0]["image_url"]["url"] != parts[1]["image_url"]["url"]
+    save_student(tiny_student, tiny_processor, tmp_path / "teacher")
+    local = TransformersTeacher("local", tmp_path / "teacher", SamplingParams(temperature=1.0, max_tokens=3))
+    got = []
+    local.run([req], got.append)
+    assert len(got) == 1 and got[0].prompt_tokens > 32  # both images' 16 tokens each are in the prompt
