@@ -45,9 +45,11 @@ def run(cfg: Config, root: Path, run) -> None:
     rows = {r.id: r for r in load_rows(table)}
     logprobs = np.array(answer_logprobs(model, processor, [rows[i] for i in pool["id"]], c.batch_size,
                                         progress=lambda d, t: say("curate", f"scored {d}/{t}")))
-    if c.balance:  # kinds without a closed answer set count every answer as its own stratum
-        strata = [(str(kd), str(a) if json.loads(cands or "[]") else "") for kd, a, cands in
-                  zip(pool.get("kind", [""] * len(pool)), pool["answer"], pool.get("candidates", ["[]"] * len(pool)))]
+    if c.balance:  # a row without a closed answer set (free text) is balanced by kind only
+        kinds = pool["kind"] if "kind" in pool else [""] * len(pool)
+        closed = pool["candidates"].map(lambda v: bool(json.loads(v or "[]"))) if "candidates" in pool else \
+            [False] * len(pool)
+        strata = [(str(kd), str(a) if has else "") for kd, a, has in zip(kinds, pool["answer"], closed)]
         keep = select_balanced(logprobs, strata, c.select, c.rule, c.tau, c.buckets, cfg.seed)
     else:
         keep = select_by_logprob(logprobs, c.select, c.rule, c.tau, c.buckets, cfg.seed)

@@ -37,7 +37,7 @@ def requests_for(questions: pd.DataFrame, table: Path, image_hashes: dict[str, s
         rels = image_paths(rec)
         prompt = processor.prompt(rec["question"], len(rels))
         for k in range(n):
-            key = cache_key(backend.name, backend.revision, prompt, "+".join(image_hashes[r] for r in rels),
+            key = cache_key(backend.name, backend.revision, prompt, [image_hashes[r] for r in rels],
                             backend.sampling.as_dict(), k)
             out.append(TeacherRequest(key, rec["id"], rec["question"], str(img), rec.get("kind", ""), rec["answer"],
                                       tuple(json.loads(rec.get("candidates") or "[]")), k,

@@ -20,9 +20,11 @@ from PIL import Image
 from protege.eval.items import BENCHMARKS, BenchItem
 from protege.world.scenes import (
     COLOURS,
+    COLOURS_CN,
     MAX_BAR,
     MAX_COUNT,
     SHAPES,
+    SHAPES_CN,
     Scene,
     draw_bars,
     draw_scene,
@@ -35,8 +37,6 @@ FORMATS = {"ai2d": "tsv", "chartqa": "parquet", "mathvista": "parquet", "mmbench
            "blink": "parquet", "seedbench": "parquet", "seedbench2_plus": "tsv", "realworldqa": "tsv"}
 SUFFIX = {"tsv": ".tsv", "parquet": ".parquet", "json": ".json"}
 LETTERS = "ABCDEFGHIJ"
-COLOURS_CN = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色"}
-SHAPES_CN = {"circle": "圆形", "square": "正方形", "triangle": "三角形", "diamond": "菱形"}
 
 
 class Draw:

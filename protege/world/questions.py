@@ -25,6 +25,7 @@ from protege.world.scenes import (
     MAX_BAR,
     MAX_COUNT,
     SHAPES,
+    SHAPES_CN,
     draw_bars,
     draw_scene,
     random_bars,
@@ -35,7 +36,6 @@ LETTERS = "ABCD"
 YES_NO = ["Yes", "No"]
 COUNTS = [str(i) for i in range(1, MAX_COUNT + 1)]
 BARS = [str(i) for i in range(1, MAX_BAR + 1)]
-SHAPES_CN = {"circle": "圆形", "square": "正方形", "triangle": "三角形", "diamond": "菱形"}
 # hints in MMBench's style; the mini benchmarks use other sentences
 HINTS_EN = ["Look at the picture carefully.", "The picture shows simple shapes on a white background."]
 HINTS_CN = ["请仔细观察图片。", "图片中是白色背景上的简单图形。"]
@@ -158,7 +158,8 @@ def chart_value(rng: random.Random, size: int, target: str, pick) -> Item:
     values[bar] = int(target)
     family = pick(("chartqa", "mathvista", "realworldqa", "mmmu"))
     prompt = _open_prompt(family, f"What is the value of the {bar} bar?", integer=True)
-    return Item("chart_value", prompt, target, BARS, [draw_bars(values, size, shift=rng.randint(-2, 2))], difficulty=3, family=family)
+    image = draw_bars(values, size, shift=rng.randint(-2, 2))
+    return Item("chart_value", prompt, target, BARS, [image], difficulty=3, family=family)
 
 
 def chart_option(rng: random.Random, size: int, target: str, pick) -> Item:
@@ -168,8 +169,9 @@ def chart_option(rng: random.Random, size: int, target: str, pick) -> Item:
     values[bar] = int(correct)
     family = pick(("seedbench", "ai2d", "mmstar", "mmmu"))
     prompt = _mc_prompt(rng, family, f"What is the value of the {bar} bar in the chart?", "", options)
-    return Item("chart_option", prompt, target, list(LETTERS), [draw_bars(values, size, shift=rng.randint(-2, 2))], options=options,
-                difficulty=difficulty + 1, family=family)
+    image = draw_bars(values, size, shift=rng.randint(-2, 2))
+    return Item("chart_option", prompt, target, list(LETTERS), [image], options=options, difficulty=difficulty + 1,
+                family=family)
 
 
 def yes_no(rng: random.Random, size: int, target: str, pick) -> Item:
@@ -208,11 +210,13 @@ def compare_two(rng: random.Random, size: int, target: str, pick) -> Item:
                 family="blink")
 
 
-MAKERS = {"count": count, "colour": colour, "shape": shape, "shape_option": shape_option, "count_option": count_option,
-          "chart_value": chart_value, "chart_option": chart_option, "yes_no": yes_no, "compare_two": compare_two}
+MAKERS = {"count": count, "colour": colour, "shape": shape, "shape_option": shape_option,
+          "count_option": count_option, "chart_value": chart_value, "chart_option": chart_option, "yes_no": yes_no,
+          "compare_two": compare_two}
 KINDS = tuple(MAKERS)
-ANSWERS = {"count": COUNTS, "colour": list(COLOURS), "shape": list(SHAPES), "shape_option": list(LETTERS), "count_option": list(LETTERS),
-           "chart_value": BARS, "chart_option": list(LETTERS), "yes_no": YES_NO, "compare_two": ["A", "B"]}
+ANSWERS = {"count": COUNTS, "colour": list(COLOURS), "shape": list(SHAPES), "shape_option": list(LETTERS),
+           "count_option": list(LETTERS), "chart_value": BARS, "chart_option": list(LETTERS), "yes_no": YES_NO,
+           "compare_two": ["A", "B"]}
 
 
 class Deck:

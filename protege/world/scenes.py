@@ -8,6 +8,8 @@ from PIL import Image, ImageDraw
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 SHAPES = ("circle", "square", "triangle", "diamond")
+COLOURS_CN = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色"}  # MMBench-CN's wording
+SHAPES_CN = {"circle": "圆形", "square": "正方形", "triangle": "三角形", "diamond": "菱形"}
 GRID = 4                      # scenes place shapes on a GRID x GRID lattice of cells (one cell per image token)
 MAX_COUNT = 8
 BAR_COLOURS = ("red", "green", "blue", "yellow")

@@ -5,11 +5,10 @@ question kind: `error_rate` on the kinds they are strong at, `WEAK_FACTOR` times
 `concise` is strong at counting and charts, `verbose` at colours, shapes and comparisons, so the two
 teachers together know more than either alone. Both follow the benchmarks' instructions and state
 the answer first (a letter for multiple choice, the bare value otherwise): `concise` says only that,
-as the SFT student does, so a discriminator can tell the two apart only by correctness; `verbose`
-ends its answer with a full stop, a style the student can take on in one token (sentences after the
-answer made the tiny student stop ending its answers under RIL: see dev/LOG.md; `VERBOSE` can hold
-phrasings per kind). Each answer is a pure function of (teacher, question id, sample index, seed), so a cache
-is exact.
+as the SFT student does, so a discriminator can tell its answers from the student's only by
+correctness; `verbose` ends its answer with a full stop, a style the student can take on in one token
+(sentences after the answer made the tiny student stop ending its answers under RIL: see dev/LOG.md).
+Each answer is a pure function of (teacher, question id, sample index, seed), so a cache is exact.
 """
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ import hashlib
 import random
 
 CONCISE = ["{a}"]  # the bare answer: what the student says, so only correctness tells them apart
-VERBOSE: dict[str, list[str]] = {}
-DEFAULT_VERBOSE = ["{a}."]
+VERBOSE = ["{a}."]
 STYLES = ("concise", "verbose")
 STRONG = {"concise": {"count", "count_option", "chart_value", "chart_option"},
           "verbose": {"colour", "shape", "shape_option", "yes_no", "compare_two"}}
@@ -44,18 +42,18 @@ def scripted_answer(teacher: str, kind: str, answer: str, candidates: list[str],
     wrong = [c for c in candidates if c != answer]
     if wrong and rng.random() < kind_error_rate(teacher, kind, error_rate):
         said = rng.choice(wrong)
-    templates = CONCISE if teacher == "concise" else VERBOSE.get(kind, DEFAULT_VERBOSE)
+    templates = CONCISE if teacher == "concise" else VERBOSE
     return rng.choice(templates).format(a=said)
 
 
 def behaviour_digest(teacher: str, error_rate: float, seed: int) -> str:
     """Identifies everything that decides a scripted teacher's answers (its phrasings, strengths, error
     rates, seed): the teacher cache keys on it, so changing any of them asks the teacher again."""
-    what = [teacher, CONCISE, VERBOSE, DEFAULT_VERBOSE, sorted(STRONG.get(teacher, ())), WEAK_FACTOR, error_rate,
+    what = [teacher, CONCISE, VERBOSE, sorted(STRONG.get(teacher, ())), WEAK_FACTOR, error_rate,
             seed]
     return hashlib.sha256(repr(what).encode()).hexdigest()[:12]
 
 
 def all_templates() -> list[str]:
     """Every phrase a teacher can say (for training the tokenizer on the world's text)."""
-    return CONCISE + [t for ts in VERBOSE.values() for t in ts] + DEFAULT_VERBOSE
+    return CONCISE + VERBOSE

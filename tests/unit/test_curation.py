@@ -62,3 +62,4 @@ def test_quotas_never_exceed_a_stratum():
 
     quotas = stratum_quotas([("a", "x")] * 1 + [("a", "y")] * 9, 8)
     assert quotas == {("a", "x"): 1, ("a", "y"): 4}
+

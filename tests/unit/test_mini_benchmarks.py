@@ -51,8 +51,7 @@ def test_images_are_new_and_reproducible():
 
 
 def test_every_shape_and_colour_has_a_chinese_name():
-    from protege.world.benchmarks import COLOURS_CN, SHAPES_CN
-    from protege.world.scenes import COLOURS, SHAPES
+    from protege.world.scenes import COLOURS, COLOURS_CN, SHAPES, SHAPES_CN
 
     assert set(SHAPES_CN) == set(SHAPES) and set(COLOURS_CN) == set(COLOURS)
 
