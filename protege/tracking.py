@@ -55,6 +55,18 @@ def dvc_digest(project_dir: Path, path: str | Path) -> str | None:
     return None
 
 
+def stat_digest(path: Path) -> str:
+    """Cheap identity of a file or folder without a DVC lock entry: names, sizes and mtimes."""
+    if not path.exists():
+        return "absent"
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(path) if path.is_dir() else f.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
 def _content_digest(path: Path) -> str:
     h = hashlib.md5()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]

@@ -55,10 +55,11 @@ def fingerprint(cfg: RLConfig, seed: int, inputs_digest: str = "") -> str:
     """Identifies the run a resume state belongs to: a state from other params or other inputs (the
     caller's digest of the starting checkpoint and data) is never resumed.
 
-    The number of processes counts (each holds its own optimizer partition and RNG); offload_idle, the
-    learning curve's settings and the baseline's algorithm do not, since they never change this run's result.
+    The number of processes counts (each holds its own optimizer partition and RNG), and so do the learning
+    curve's settings (a finished run would otherwise keep a curve drawn under other ones); offload_idle and
+    the baseline's algorithm do not, since they never change this run's result.
     """
-    params = cfg.model_dump(exclude={"offload_idle", "eval_every", "eval_items", "baseline"})
+    params = cfg.model_dump(exclude={"offload_idle", "baseline"})
     blob = json.dumps([params, seed, world()[1]] + ([inputs_digest] if inputs_digest else []), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -9,12 +9,14 @@ every rl.eval_every steps) goes to MLflow and to reports/rl/learning_curve.csv (
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import shutil
 from pathlib import Path
 
 import pandas as pd
 
+from protege import tracking
 from protege.config import Config
 from protege.data.rows import Row, load_rows
 from protege.eval.accuracy import evaluate_rows
@@ -54,20 +56,12 @@ def prepare_out_dir(out: Path, fp: str) -> int:
 
 
 def inputs_digest(root: Path, ril: bool) -> str:
-    """sha256 over the files an RL run starts from (SFT weights, curated questions, and for RIL the teacher
-    answers and discriminator): a resume state from other inputs with the same params is not resumed."""
-    h = hashlib.sha256()
-    rels = [SFT_MODEL, CURATED_RL] + ([TEACHER_ANSWERS, DISCRIMINATOR] if ril else [])
-    for rel in rels:
-        path = root / rel
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        for f in files:
-            if f.suffix in (".safetensors", ".parquet", ".json"):
-                h.update(f.name.encode())
-                with open(f, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        h.update(chunk)
-    return h.hexdigest()[:16]
+    """Identifies the files an RL run starts from (SFT weights, curated questions, the val split of its
+    learning curve, and for RIL the teacher answers and discriminator) by DVC's hash, or by names, sizes
+    and mtimes outside DVC, without reading the weights: a resume state from other inputs is not resumed."""
+    rels = [SFT_MODEL, CURATED_RL, SPLIT_TABLES["val"]] + ([TEACHER_ANSWERS, DISCRIMINATOR] if ril else [])
+    parts = [tracking.dvc_digest(root, rel) or tracking.stat_digest(root / rel) for rel in rels]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
 def teacher_answers(root: Path) -> dict[str, list[tuple[str, str]]]:
@@ -97,7 +91,7 @@ class LearningCurve:
         self.points: list[dict] = []
         if resumed_after and path.exists():
             old = pd.read_csv(path)
-            if list(old.columns) == self.columns:  # other columns: other val rows, evaluate again
+            if list(old.columns) == self.columns:  # (other columns cannot belong to a resumed state)
                 self.points = old[old["step"] <= resumed_after].to_dict("records")
         if world()[0] == 0:  # under DeepSpeed the evaluating process owns the file
             self._write()

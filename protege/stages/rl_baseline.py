@@ -31,6 +31,9 @@ def baseline_algorithm(root: Path) -> str | None:
 def run(cfg: Config, root: Path, run) -> None:
     algorithm = cfg.rl.baseline
     out = root / RL_BASELINE
+    if algorithm == cfg.rl.algorithm:  # the very run the rl stage trains: nothing to compare
+        say("rl_baseline", f"rl.baseline is rl.algorithm ({algorithm}): no baseline run")
+        algorithm = None
     if algorithm is None:
         if out.exists():
             shutil.rmtree(out)

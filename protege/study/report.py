@@ -53,7 +53,12 @@ def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> d
                 entry["metrics"][metric] = summarize(runs, n_boot, seed=0)
             base_runs, base_seeds = _runs_of(study, results, study.baseline, study.model, metric)
             if name != study.baseline and runs and base_runs:
-                entry["vs_baseline"][metric] = paired_difference(base_runs, base_seeds, runs, seeds, n_boot, seed=0)
+                try:
+                    entry["vs_baseline"][metric] = paired_difference(
+                        base_runs, base_seeds, runs, seeds, n_boot, seed=0,
+                        once_a=not study.variants[study.baseline].train, once_b=not v.train)
+                except ValueError:  # no seed finished on both sides yet
+                    pass
         variants[name] = entry
 
     claims = []
@@ -61,10 +66,19 @@ def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> d
         out = {"name": c.name, "better": c.better, "than": c.than, "metric": c.metric, "model": c.model}
         better, better_seeds = _runs_of(study, results, c.better, c.model, c.metric)
         than, than_seeds = _runs_of(study, results, c.than, c.model, c.metric)
+        diff = None
         if better and than:
-            out.update(paired_difference(than, than_seeds, better, better_seeds, n_boot, seed=0))
+            try:
+                diff = paired_difference(than, than_seeds, better, better_seeds, n_boot, seed=0,
+                                         once_a=not study.variants[c.than].train,
+                                         once_b=not study.variants[c.better].train)
+            except ValueError:  # no seed has finished on both sides yet
+                pass
+        if diff is not None:
+            out.update(diff)
         else:
-            out.update({"verdict": None, "missing": [v for v, r in ((c.better, better), (c.than, than)) if not r]})
+            out.update({"verdict": None, "missing": [v for v, r in ((c.better, better), (c.than, than)) if not r]
+                        or ["a seed finished on both sides"]})
         claims.append(out)
 
     runs = []

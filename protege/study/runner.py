@@ -92,26 +92,19 @@ def check_upstream(study: Study, runs: list[RunSpec] | None = None) -> None:
                               "run `make demo` (or `dvc repro disc_pretrain mini_benchmarks`) there first")
 
 
-def _stat_digest(path: Path) -> str:
-    """Cheap identity of a file or folder without a DVC lock entry: names, sizes and mtimes."""
-    if not path.exists():
-        return "absent"
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    h = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.relative_to(path) if path.is_dir() else f.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:16]
-
-
 def upstream_digest(project: Path) -> str:
-    parts = {str(rel): tracking.dvc_digest(project, rel) or _stat_digest(project / rel) for rel in UPSTREAM}
+    parts = {str(rel): tracking.dvc_digest(project, rel) or tracking.stat_digest(project / rel) for rel in UPSTREAM}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run_fingerprint(run: RunSpec, upstream: str) -> str:
     params = run.config.model_dump()
-    params["rl"].pop("offload_idle", None)  # placement never changes a result
+    # what never changes a run's result: placement, threads, batching of generation, promotion
+    for key in ("offload_idle", "device"):
+        params["rl"].pop(key, None)
+    for key in ("threads", "promote"):
+        params.pop(key, None)
+    params["evaluate"].pop("batch_size", None)
     return hashlib.sha256(json.dumps([params, run.train, upstream], sort_keys=True, default=str).encode()
                           ).hexdigest()[:16]
 

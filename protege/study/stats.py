@@ -47,11 +47,13 @@ def verdict(ci: tuple[float, float] | list[float]) -> str:
     return INCONCLUSIVE
 
 
-def pair_runs(seeds_a: list[int], seeds_b: list[int]) -> list[tuple[int, int]]:
-    """Index pairs (i in A, j in B): the same seed on both sides; a side with one run pairs with all."""
-    if len(seeds_a) == 1:
+def pair_runs(seeds_a: list[int], seeds_b: list[int], once_a: bool = False, once_b: bool = False
+              ) -> list[tuple[int, int]]:
+    """Index pairs (i in A, j in B): the same seed on both sides; a side that runs once whatever the seed
+    (`once_*`: a variant with `train: false`) pairs its run with every run of the other side."""
+    if once_a and len(seeds_a) == 1:
         return [(0, j) for j in range(len(seeds_b))]
-    if len(seeds_b) == 1:
+    if once_b and len(seeds_b) == 1:
         return [(i, 0) for i in range(len(seeds_a))]
     pairs = [(i, seeds_b.index(s)) for i, s in enumerate(seeds_a) if s in seeds_b]
     if not pairs:
@@ -122,12 +124,13 @@ def summarize(runs: list[Run], n_boot: int = 1000, seed: int = 0, level: float =
 
 
 def paired_difference(runs_a: list[Run], seeds_a: list[int], runs_b: list[Run], seeds_b: list[int],
-                      n_boot: int = 1000, seed: int = 0, level: float = LEVEL) -> dict:
+                      n_boot: int = 1000, seed: int = 0, level: float = LEVEL, once_a: bool = False,
+                      once_b: bool = False) -> dict:
     """B - A in points: runs paired by seed, units by id; mean, 95% CI, per-pair values and the verdict
     on "B > A"."""
     if not runs_a or not runs_b:
         raise ValueError("no finished run on one side")
-    pairs = pair_runs(seeds_a, seeds_b)
+    pairs = pair_runs(seeds_a, seeds_b, once_a, once_b)
     out = _estimate([runs_a[i] for i, _ in pairs], [runs_b[j] for _, j in pairs], n_boot, seed, level)
     out["pairs"] = [[seeds_a[i], seeds_b[j]] for i, j in pairs]
     out["diff"] = out.pop("mean")

@@ -89,7 +89,10 @@ def test_no_val_split_or_eval_every_0_writes_an_empty_curve_and_no_baseline_stag
 
 
 def test_baseline_stage_runs_the_same_budget_with_its_algorithm(project):
-    cfg = Config(rl=RLConfig(**{**RL, "steps": 2, "eval_every": 1}))
+    same = Config(rl=RLConfig(**{**RL, "steps": 2, "algorithm": "dr_grpo", "baseline": "dr_grpo"}))
+    rl_baseline.run(same, project, FakeRun())  # the rl stage's own run: not trained a second time
+    assert rl_baseline.baseline_algorithm(project) is None
+    cfg = Config(rl=RLConfig(**{**RL, "steps": 2, "eval_every": 1, "algorithm": "grpo"}))
     run = FakeRun()
     rl_baseline.run(cfg, project, run)
     out = project / rl_baseline.RL_BASELINE

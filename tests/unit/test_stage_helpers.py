@@ -41,7 +41,7 @@ def test_rl_resume_state_is_tied_to_its_inputs(tmp_path):
     (tmp_path / CURATED_RL).parent.mkdir(parents=True)
     (tmp_path / CURATED_RL).write_bytes(b"table")
     before = inputs_digest(tmp_path, ril=False)
-    (tmp_path / SFT_MODEL / "model.safetensors").write_bytes(b"weights-2")  # a new SFT checkpoint
+    (tmp_path / SFT_MODEL / "model.safetensors").write_bytes(b"weights-22")  # a new SFT checkpoint
     after = inputs_digest(tmp_path, ril=False)
     assert before != after
     cfg = RLConfig()

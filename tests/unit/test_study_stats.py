@@ -21,10 +21,14 @@ def test_verdict_rule():
 def test_pairing_by_seed_and_broadcast_of_a_single_run():
     assert pair_runs([1, 2, 3], [1, 2, 3]) == [(0, 0), (1, 1), (2, 2)]
     assert pair_runs([3, 1], [1, 2, 3]) == [(0, 2), (1, 0)]
-    assert pair_runs([1], [1, 2, 3]) == [(0, 0), (0, 1), (0, 2)]  # the SFT row: evaluated once
-    assert pair_runs([1, 2], [5]) == [(0, 0), (1, 0)]
+    assert pair_runs([1], [1, 2, 3], once_a=True) == [(0, 0), (0, 1), (0, 2)]  # the SFT row: evaluated once
+    assert pair_runs([1, 2], [5], once_b=True) == [(0, 0), (1, 0)]
     with pytest.raises(ValueError, match="no seed in common"):
         pair_runs([1, 2], [3, 4])
+    # a trained variant that has finished one seed so far pairs by seed only, never with every seed
+    assert pair_runs([1], [1, 2, 3]) == [(0, 0)]
+    with pytest.raises(ValueError, match="no seed in common"):
+        pair_runs([1, 2], [5])
 
 
 def test_mean_over_seeds_and_items_and_ci_contains_it():
@@ -75,7 +79,7 @@ def test_paired_difference_verdicts_over_seeds():
     down = paired_difference(better, [1, 2, 3], worse, [1, 2, 3], n_boot=1000)
     assert down["diff"] == pytest.approx(-60.0) and down["verdict"] == "not reproduced"
     # a single baseline run (the SFT row) is paired with every seed
-    single = paired_difference([worse[0]], [1], better, [1, 2, 3], n_boot=1000)
+    single = paired_difference([worse[0]], [1], better, [1, 2, 3], n_boot=1000, once_a=True)
     assert single["per_seed"] == pytest.approx([60.0, 70.0, 60.0]) and single["pairs"] == [[1, 1], [1, 2], [1, 3]]
 
 
