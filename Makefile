@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
+HARNESSES := $(VENV)/.harnesses
 export PATH := $(BIN):$(PATH)
 export DO_NOT_TRACK := 1
 export MLFLOW_DISABLE_TELEMETRY := true
@@ -39,7 +40,14 @@ demo: $(STAMP)
 	@echo
 	@echo "MLflow UI: $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db"
 
-test: $(STAMP)
+# The harness the differential tests hold our scorers to: lmms-eval at its pinned version without its
+# model, video and dataset extras (--no-deps), plus the few packages its task modules import.
+$(HARNESSES): Makefile | $(STAMP)
+	$(BIN)/pip install --no-deps "lmms-eval==0.7.3"
+	$(BIN)/pip install loguru datasets accelerate tenacity evaluate sacrebleu
+	touch $(HARNESSES)
+
+test: $(STAMP) $(HARNESSES)
 	$(BIN)/python -m pytest -q
 
 clean-outputs:

@@ -108,12 +108,13 @@ def eval_score(benchmark: str = typer.Option(..., help="benchmark name, e.g. mmb
                data: Path = typer.Option(..., help="the benchmark file (.tsv, .parquet or MM-Vet .json)"),
                predictions: Path = typer.Option(..., help='JSONL: {"index": ..., "prediction": "..."} per line'),
                out: Path = typer.Option(..., help="folder for summary.json, items.jsonl and units.json"),
-               protocol: str = typer.Option("lmms-eval", help="lmms-eval | vlmevalkit (multiple choice)"),
+               protocol: str = typer.Option(None, help="lmms-eval | lenient | vlmevalkit (multiple choice); "
+                                                       "default: evaluate.protocol of --params, else lmms-eval"),
                fmt: str = typer.Option("", "--format", help="tsv | parquet | json (default: from the suffix)"),
                bootstrap: int = typer.Option(1000, min=100, help="resamples for the 95% CI"),
                seed: int = typer.Option(0),
-               params: Path = typer.Option(None, help="use this params file's evaluate.judge and "
-                                                      "evaluate.mmvet_grader_prompt (default: rules only)")) -> None:
+               params: Path = typer.Option(None, help="use this params file's evaluate.protocol, evaluate.judge "
+                                                      "and evaluate.mmvet_grader_prompt (default: rules only)")) -> None:
     """Score any model's predictions on one benchmark file (no student model is loaded)."""
     from protege.errors import UserFacingError
     from protege.eval.readers import read_benchmark
@@ -123,6 +124,7 @@ def eval_score(benchmark: str = typer.Option(..., help="benchmark name, e.g. mmb
         score_benchmark,
         write_scores,
     )
+    from protege.eval.scorers import suite_protocol
     from protege.eval.suite import completer_for, grader_prompt, scored_split
 
     try:
@@ -131,6 +133,9 @@ def eval_score(benchmark: str = typer.Option(..., help="benchmark name, e.g. mmb
             cfg = _config(params)
             complete = completer_for(cfg.evaluate.judge, Path.cwd(), cfg.seed)
             grader = grader_prompt(cfg.evaluate, Path.cwd())
+            if protocol is None:  # a suite-wide setting: vlmevalkit leaves open benchmarks to lmms-eval
+                protocol = suite_protocol(benchmark, cfg.evaluate.protocol)
+        protocol = protocol or "lmms-eval"
         items = scored_split(read_benchmark(benchmark, data, fmt or None))
         preds = read_predictions(predictions)
         check_coverage(items, preds, predictions)

@@ -208,7 +208,8 @@ class EvaluateConfig(Section):
     max_new_tokens: int = Field(16, ge=1)
     benchmarks: Literal["mini"] | dict[str, str] = "mini"
     mini_items: int = Field(24, ge=4)          # items per mini benchmark (MMBench: / 4 questions x 4 copies)
-    protocol: Literal["lmms-eval", "vlmevalkit"] = "lmms-eval"  # vlmevalkit: its multiple-choice matching
+    protocol: Literal["lmms-eval", "lenient", "vlmevalkit"] = "lmms-eval"  # lenient: our generous reading;
+    #                                                                         vlmevalkit: its multiple-choice matching
     judge: TeacherSpec | None = None           # MM-Vet grader + extraction fallback (openai/vllm); null: rules
     bootstrap: int = Field(1000, ge=100)       # resamples for the 95% confidence intervals
     mmvet_grader_prompt: str | None = None     # MM-Vet's own grader prompt (a text file) for comparable scores

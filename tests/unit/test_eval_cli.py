@@ -93,3 +93,25 @@ def test_answer_letter_beyond_options_is_named(tmp_path):
     data = tsv([row(1, "A"), row(2, "E"), row(3, "C")])
     res, _ = score(tmp_path, "ai2d", data, predictions([(1, "A"), (2, "E"), (3, "C")]))
     assert res.exit_code == 1 and "E" in res.output and "2" in res.output
+
+
+def test_protocol_comes_from_params_unless_given(tmp_path):
+    data = tmp_path / "mmstar.tsv"
+    data.write_text(tsv([row(1, "B"), row(2, "C")]))
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(predictions([(1, "(b)"), (2, "C")]))  # lmms-eval 0.7.3 reads no letter in "(b)"
+    params = tmp_path / "params.yaml"
+    params.write_text("evaluate:\n  protocol: lenient\n")
+
+    def run(*extra):
+        out = tmp_path / f"out{len(extra)}"
+        res = CliRunner().invoke(app, ["eval", "score", "--benchmark", "mmstar", "--data", str(data), "--predictions",
+                                       str(preds), "--out", str(out), "--bootstrap", "200", *extra])
+        assert res.exit_code == 0, res.output
+        return json.loads((out / "summary.json").read_text())
+
+    default, from_params = run(), run("--params", str(params))
+    flag_wins = run("--params", str(params), "--protocol", "lmms-eval", "--seed", "1")
+    assert default["score"] == pytest.approx(50.0) and default["protocol"].startswith("lmms-eval 0.7.3")
+    assert from_params["score"] == pytest.approx(100.0) and from_params["protocol"].startswith("lenient")
+    assert flag_wins["score"] == pytest.approx(50.0)

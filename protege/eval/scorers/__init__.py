@@ -1,7 +1,12 @@
 """Benchmark-protocol scorers: `scorer_for(benchmark, protocol)` -> a `Scorer`.
 
-Protocols: "lmms-eval" (default; lmms-eval's scoring rule for the task, deviations documented on each
-scorer) and "vlmevalkit" (VLMEvalKit's multiple-choice matching; multiple-choice benchmarks only).
+Protocols:
+* "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task. MMStar and RealWorldQA follow it
+  item by item (`lmms_choice`, held there by tests/differential); the other benchmarks still use the
+  `lenient` scorers below, whose docstrings say where they read more than the harness.
+* "lenient": our generous reading (letters in more positions, option texts, number words, thousands
+  separators), for knowing what the model knew rather than comparing with papers.
+* "vlmevalkit": VLMEvalKit's multiple-choice matching (multiple-choice benchmarks only).
 No scorer draws random numbers: where a harness guesses a letter, we score 0 and say so in the note.
 """
 from __future__ import annotations
@@ -11,6 +16,7 @@ from collections.abc import Callable
 from protege.eval.items import BENCHMARKS
 from protege.eval.scorers.base import Completer, Scorer
 from protege.eval.scorers.chartqa import ChartQAScorer
+from protege.eval.scorers.lmms_choice import LmmsMMStarScorer, LmmsRealWorldQAScorer
 from protege.eval.scorers.circular import CircularScorer
 from protege.eval.scorers.mathvista import MathVistaScorer
 from protege.eval.scorers.mmmu import MMMUProScorer, MMMUScorer
@@ -25,9 +31,9 @@ from protege.eval.scorers.multiple_choice import (
     VLMEvalKitChoiceScorer,
 )
 
-PROTOCOLS = ("lmms-eval", "vlmevalkit")
+PROTOCOLS = ("lmms-eval", "lenient", "vlmevalkit")
 
-_LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
+_LENIENT: dict[str, Callable[[], Scorer]] = {
     "ai2d": lambda: AI2DScorer("ai2d", "lmms-eval: ai2d exact match of the option letter"),
     "mmstar": lambda: MMStarScorer("mmstar", "lmms-eval: mmstar exact_match on the option letter, "
                                              "macro over L2 categories"),
@@ -48,7 +54,10 @@ _LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
 }
 MULTIPLE_CHOICE = ("ai2d", "mmstar", "realworldqa", "blink", "seedbench", "seedbench2_plus", "mmmu",
                     "mmmu_pro", "mmbench", "mmbench_cn")
-assert set(_LMMS_EVAL) == set(BENCHMARKS)
+assert set(_LENIENT) == set(BENCHMARKS)
+_LMMS_EVAL: dict[str, Callable[[], Scorer]] = {**_LENIENT, "mmstar": LmmsMMStarScorer,
+                                               "realworldqa": LmmsRealWorldQAScorer}
+HARNESS_EXACT = ("mmstar", "realworldqa")  # benchmarks whose `lmms-eval` scorer is checked item by item
 
 
 def scorer_for(benchmark: str, protocol: str = "lmms-eval", grader_prompt: str | None = None) -> Scorer:
@@ -61,18 +70,22 @@ def scorer_for(benchmark: str, protocol: str = "lmms-eval", grader_prompt: str |
         raise ValueError(f"unknown scoring protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
     if protocol == "lmms-eval":
         return _LMMS_EVAL[benchmark]()
+    if protocol == "lenient":
+        scorer = _LENIENT[benchmark]()
+        scorer.protocol = f"lenient: {scorer.protocol.split(': ', 1)[-1]}"
+        return scorer
     if benchmark not in MULTIPLE_CHOICE:
         raise ValueError(f"protocol 'vlmevalkit' covers multiple-choice benchmarks only "
                          f"({', '.join(MULTIPLE_CHOICE)}); {benchmark!r} is scored by 'lmms-eval'")
     if benchmark in ("mmbench", "mmbench_cn"):
         return CircularScorer(benchmark, "vlmevalkit")
-    return VLMEvalKitChoiceScorer(benchmark, _LMMS_EVAL[benchmark]())
+    return VLMEvalKitChoiceScorer(benchmark, _LENIENT[benchmark]())
 
 
 def suite_protocol(benchmark: str, protocol: str) -> str:
     """The protocol a suite-wide setting means for one benchmark: `vlmevalkit` changes multiple-choice
     matching only, so the other benchmarks keep their lmms-eval scorer."""
-    return protocol if benchmark in MULTIPLE_CHOICE else "lmms-eval"
+    return "lmms-eval" if protocol == "vlmevalkit" and benchmark not in MULTIPLE_CHOICE else protocol
 
 
-__all__ = ["MULTIPLE_CHOICE", "PROTOCOLS", "Completer", "Scorer", "scorer_for", "suite_protocol"]
+__all__ = ["HARNESS_EXACT", "MULTIPLE_CHOICE", "PROTOCOLS", "Completer", "Scorer", "scorer_for", "suite_protocol"]

@@ -1,6 +1,7 @@
 """Plain multiple choice (one unit per question): AI2D, MMStar, RealWorldQA, BLINK, SEED-Bench, SEED-Bench-2-Plus.
 
-Under the lmms-eval protocol every scorer reads the letter with `letters.read_letter` (several different
+Under the `lenient` protocol (and, until they are made harness-exact, the `lmms-eval` protocol of AI2D,
+BLINK and the SEED-Benches) every scorer reads the letter with `letters.read_letter` (several different
 letters -> no answer, score 0) and never asks an LLM: lmms-eval has no LLM step for these tasks, so
 `complete` is ignored. Where a harness would pick a random letter we score 0 with note "no option found".
 """
@@ -71,10 +72,9 @@ class AI2DScorer(ChoiceScorer):
 
 
 class MMStarScorer(ChoiceScorer):
-    """lmms-eval `mmstar` (MMStar's own exact_match): the first character, or the character after '(',
-    'option ' or 'the answer is ', equals the gold letter; the reported average is the mean over the
-    18 L2 categories of their accuracies (macro). VLMEvalKit reports the plain mean over questions
-    (micro); we follow lmms-eval, so units carry `l2_category` and aggregate is macro."""
+    """MMStar, `lenient` protocol: `read_letter` (an older lmms-eval rule took the first character, or the
+    one after '(', 'option ' or 'the answer is '); macro over the L2 categories as lmms-eval averages.
+    The `lmms-eval` protocol uses `lmms_choice.LmmsMMStarScorer` (0.7.3's extract_mcq_answer)."""
 
     aggregate = "macro"
 
@@ -99,12 +99,12 @@ class SeedBench2PlusScorer(ChoiceScorer):
 
 
 class RealWorldQAScorer(ChoiceScorer):
-    """lmms-eval `realworldqa`: number words mapped to digits, the option text mapped to its letter
+    """RealWorldQA, `lenient` protocol: number words mapped to digits, the option text mapped to its letter
     (options parsed from 'A. text' lines in the question), then exact match ignoring case, punctuation
     and a trailing period. Multiple-choice questions (options given, or written in the question text)
     are read with `read_letter`. Open questions (yes/no, counts) compare the normalised response with
     the gold; we also accept the response's first word ('Yes, it is.' / '3 cars') and an explicit
-    'the answer is X', which lmms-eval scores 0."""
+    'the answer is X'. lmms-eval 0.7.3 does none of this: `lmms_choice.LmmsRealWorldQAScorer`."""
 
     def options_of(self, item: BenchItem) -> dict[str, str]:
         if item.options:

@@ -1,0 +1,86 @@
+"""Our `lmms-eval` protocol against lmms-eval 0.7.3's own scoring functions, item by item.
+
+lmms-eval is installed by `make test` (pinned, without its model extras). The answers are generated
+from templates: letters in every position and case, bold, brackets, Chinese phrasing, several letters,
+option texts, numbers, refusals. A failing case prints the input and both outcomes.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from protege.eval.items import BenchItem
+from protege.eval.scorers import scorer_for
+from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
+
+lmms_mcq = pytest.importorskip("lmms_eval.tasks._task_utils.mcq_extract",
+                               reason="lmms-eval 0.7.3 is installed by `make test`")
+from lmms_eval.tasks.mmstar.utils import mmstar_process_results  # noqa: E402
+from lmms_eval.tasks.realworldqa.utils import realworldqa_process_results  # noqa: E402
+
+LETTER_TEMPLATES = [
+    "{L}", "{l}", "({L})", "({l})", "{L}.", "{L})", "{L}:", "[{L}]", "**{L}**", "**({L})**", "{L}. {T}",
+    "({L}) {T}", "Answer: {L}", "answer: {l}", "The answer is {L}.", "the answer is ({l})", "The correct answer is {L}",
+    "I choose {L}", "My answer is option {L}.", "答案是{L}", "答案为（{L}）", "选{L}", "我选{L}。", "正确答案：{L}",
+    "{T}", "It is {T}.", "I think {L} and {M}", "{L} or {M}", "Not {M}, {L}.", "{M} is wrong; {L} is right",
+    "Between {L} and {M}, the answer is {M}", "{L}{M}", "Option {L}", "option {l} is correct", "{L} -- {T}",
+    "I cannot tell.", "None of the above.", "A {T} is shown, so {L}", "Apple", "Dog", "THE ANSWER IS {L}",
+    "{L}\n", "\n{L}.\n", " {L} ", "'{L}'", '"{L}."', "{L}!", "{L}?", "Is it {L}?", "{L}; {M}", "E", "(E)",
+    "The image shows {T}. Answer: {L}", "{L}.{M}.", "A: {T}", "1. {L}", "{L}2", "Choice {L}", "{L}、{T}",
+]
+TEXTS = ["apple", "a red apple", "Banana", "the cat", "3", "Cherry pie"]
+
+
+def awkward_answers(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for template, L, M in itertools.product(LETTER_TEMPLATES, "ABCD", "ABCD"):
+        if L == M and "{M}" in template:
+            continue
+        out.append(template.format(L=L, l=L.lower(), M=M, T=rng.choice(TEXTS)))
+    rng.shuffle(out)
+    return out[:n]
+
+
+def test_letter_reading_matches_extract_mcq_answer():
+    answers = awkward_answers(800, 0)
+    diffs = [(a, lmms_mcq_letter(a, ("A", "B", "C", "D")), lmms_mcq.extract_mcq_answer(a, choices=["A", "B", "C", "D"]))
+             for a in answers]
+    bad = [d for d in diffs if d[1] != d[2]]
+    assert not bad, "\n".join(f"{a!r}: ours {o!r}, lmms-eval {t!r} (extract_mcq_answer)" for a, o, t in bad[:20])
+    assert len(answers) >= 300
+
+
+def test_mmstar_matches_mmstar_process_results():
+    answers = awkward_answers(400, 1)
+    golds = [random.Random(i).choice("ABCD") + random.Random(i).choice(["", " ", "\n"]) for i in range(len(answers))]
+    items = [BenchItem(benchmark="mmstar", index=str(i), question="Q?", images=[], answer=g,
+                       options={k: t for k, t in zip("ABCD", TEXTS)}, category="c", l2_category="l2")
+             for i, g in enumerate(golds)]
+    ours = scorer_for("mmstar").score(items, answers)
+    bad = []
+    for item, a, s in zip(items, answers, ours):
+        theirs = mmstar_process_results({"answer": item.answer, "category": "c", "l2_category": "l2",
+                                         "index": item.index}, [a])["average"]["score"]
+        if s.score != theirs:
+            bad.append(f"{a!r} gold {item.answer!r}: ours {s.score}, lmms-eval {theirs} (mmstar exact_match)")
+    assert not bad, "\n".join(bad[:20])
+
+
+def test_realworldqa_matches_realworldqa_process_results():
+    answers = awkward_answers(300, 2) + ["2", "two", "Two.", "2 cars", "yes", "Yes.", "YES", "no", "Downhill",
+                                         "downhill.", " Downhill ", "3.", "3..", "left", "Left side"]
+    open_golds = ["2", "Yes", "No", "Downhill", "3", "left"]
+    rng = random.Random(3)
+    golds = [rng.choice(["A", "B", "c", " D "] + open_golds) for _ in answers]
+    items = [BenchItem(benchmark="realworldqa", index=str(i), question="Q?\nA. left\nB. right\nC. up\nD. down",
+                       images=[], answer=g) for i, g in enumerate(golds)]
+    ours = scorer_for("realworldqa").score(items, answers)
+    bad = []
+    for item, a, s in zip(items, answers, ours):
+        theirs = realworldqa_process_results({"answer": item.answer}, [a])["exact_match"]
+        if s.score != theirs:
+            bad.append(f"{a!r} gold {item.answer!r}: ours {s.score}, lmms-eval {theirs} (realworldqa_process_results)")
+    assert not bad, "\n".join(bad[:20])
