@@ -84,3 +84,41 @@ def test_realworldqa_matches_realworldqa_process_results():
         if s.score != theirs:
             bad.append(f"{a!r} gold {item.answer!r}: ours {s.score}, lmms-eval {theirs} (realworldqa_process_results)")
     assert not bad, "\n".join(bad[:20])
+
+
+def test_mmbench_rules_only_matches_eval_sub_data():
+    """Circular groups (four rotated copies) scored by lmms-eval's rules-only MMBench evaluation."""
+    import pandas as pd
+    from lmms_eval.tasks.mmbench.mmbench_evals import MMBench_Evaluator
+
+    harness = MMBench_Evaluator()
+    texts = ["apple", "banana", "cherry", "grape"]
+    rng = random.Random(4)
+    answers = awkward_answers(2000, 5)
+    edge = ["I see A small cat", "a banana", "The fruit is Banana.", "E", "A B", "Failed to obtain answer via API",
+            "apple or banana", "选项B", "(E)", "E B.", "E (A)", "E :C", "Option E, not (B)", "B E", "答案是（B）"]
+    items, preds, groups = [], [], 0
+    for g in range(150):
+        gold_text = rng.choice(texts)
+        for k in range(4):
+            opts = {letter: texts[(i + k) % 4] for i, letter in enumerate("ABCD")}
+            gold = next(letter for letter, t in opts.items() if t == gold_text)
+            items.append(BenchItem(benchmark="mmbench", index=str(g + k * 1_000_000), question="Which fruit?",
+                                   images=[], answer=gold, options=opts, group=str(g)))
+            if g < len(edge):  # the group's outcome hangs on this one answer
+                preds.append(edge[g] if k == 0 else gold)
+            else:
+                preds.append(rng.choice([gold, gold_text, rng.choice(answers), rng.choice(answers)]))
+        groups += 1
+    scorer = scorer_for("mmbench")
+    units = {u.id: u.score for u in scorer.units(items, scorer.score(items, preds))}
+    bad = []
+    for g in range(groups):
+        copies = [(it, p) for it, p in zip(items, preds) if it.group == str(g)]
+        frame = pd.DataFrame([{"index": int(it.index), "prediction": p, "answer": it.answer, **it.options}
+                              for it, p in copies])
+        theirs = harness.eval_sub_data(frame, {int(it.index): it.answer for it, _ in copies}, static_only=True)
+        if units[str(g)] != theirs:
+            bad.append(f"group {g} {[(it.answer, p) for it, p in copies]}: ours {units[str(g)]}, lmms-eval {theirs} "
+                       "(MMBench_Evaluator.eval_sub_data, static)")
+    assert not bad, "\n".join(bad[:10])

@@ -1,9 +1,9 @@
 """Benchmark-protocol scorers: `scorer_for(benchmark, protocol)` -> a `Scorer`.
 
 Protocols:
-* "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task. MMStar and RealWorldQA follow it
-  item by item (`lmms_choice`, held there by tests/differential); the other benchmarks still use the
-  `lenient` scorers below, whose docstrings say where they read more than the harness.
+* "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task. MMStar, RealWorldQA and the
+  MMBench rule path follow it item by item (held there by tests/differential); the other benchmarks
+  still use the `lenient` scorers below, whose docstrings say where they read more than the harness.
 * "lenient": our generous reading (letters in more positions, option texts, number words, thousands
   separators), for knowing what the model knew rather than comparing with papers.
 * "vlmevalkit": VLMEvalKit's multiple-choice matching (multiple-choice benchmarks only).
@@ -45,8 +45,8 @@ _LENIENT: dict[str, Callable[[], Scorer]] = {
                                                                        "option letter"),
     "mmmu": lambda: MMMUScorer("mmmu"),
     "mmmu_pro": lambda: MMMUProScorer("mmmu_pro"),
-    "mmbench": lambda: CircularScorer("mmbench", "lmms-eval"),
-    "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lmms-eval"),
+    "mmbench": lambda: CircularScorer("mmbench", "lenient"),
+    "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lenient"),
     "chartqa": lambda: ChartQAScorer("chartqa"),
     "mathvista": lambda: MathVistaScorer("mathvista"),
     "mmvet": lambda: MMVetScorer("mmvet"),
@@ -55,9 +55,10 @@ _LENIENT: dict[str, Callable[[], Scorer]] = {
 MULTIPLE_CHOICE = ("ai2d", "mmstar", "realworldqa", "blink", "seedbench", "seedbench2_plus", "mmmu",
                     "mmmu_pro", "mmbench", "mmbench_cn")
 assert set(_LENIENT) == set(BENCHMARKS)
-_LMMS_EVAL: dict[str, Callable[[], Scorer]] = {**_LENIENT, "mmstar": LmmsMMStarScorer,
-                                               "realworldqa": LmmsRealWorldQAScorer}
-HARNESS_EXACT = ("mmstar", "realworldqa")  # benchmarks whose `lmms-eval` scorer is checked item by item
+_LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
+    **_LENIENT, "mmstar": LmmsMMStarScorer, "realworldqa": LmmsRealWorldQAScorer,
+    "mmbench": lambda: CircularScorer("mmbench", "lmms-eval"), "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lmms-eval")}
+HARNESS_EXACT = ("mmstar", "realworldqa", "mmbench", "mmbench_cn")  # benchmarks whose `lmms-eval` scorer is checked item by item
 
 
 def scorer_for(benchmark: str, protocol: str = "lmms-eval", grader_prompt: str | None = None) -> Scorer:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from protege.eval.items import BenchItem, Scored, Unit
 from protege.eval.scorers.base import Completer, ask, check_lengths
+from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
 from protege.eval.scorers.letters import (
     lmms_mmbench_letter,
+    read_letter,
     matching_prompt,
     read_matching_reply,
     vlmevalkit_letter,
@@ -20,20 +22,23 @@ class CircularScorer:
     """CircularEval as both harnesses run it (lmms-eval's MMBench evaluator is a copy of VLMEvalKit's).
 
     Copies sharing `item.group` are rotations of one question. Each copy's letter is read by rule
-    (lmms-eval: bare letter token, with its guard against a bare "A" in a response longer than three
-    tokens, then "B." / "(B)" / ":B" forms, then the option text; vlmevalkit: `can_infer`). As in the
+    (lmms-eval: its `can_infer`, see `letters.lmms_mmbench_letter`; vlmevalkit: `can_infer`). As in the
     harness, a group with a copy already read wrong is 0 without asking anything; the copies of the
     other groups that no rule could read go to `complete` with an answer-matching prompt, all in one
     batched call. Where the harness then picks a random letter (matcher failed three times), we score
-    the copy 0 with note "unmatched". `units()` gives one unit per group (category and difficulty of
-    the group's first copy); the benchmark score is the mean over groups (micro).
+    the copy 0 with note "unmatched". With no `complete` under lmms-eval, the unread copies are read
+    as lmms-eval 0.7.3's rules-only evaluation reads them (`eval_sub_data(static_only=True)`:
+    `extract_mcq_answer` over the question's option letters); under lenient, by `read_letter`. `units()` gives one unit per group
+    (category and difficulty of the group's first copy); the benchmark score is the mean over groups
+    (micro).
     """
 
     aggregate = "micro"
 
     def __init__(self, benchmark: str, protocol: str):
         self.benchmark = benchmark
-        self._read = lmms_mmbench_letter if protocol == "lmms-eval" else vlmevalkit_letter
+        self._read = lmms_mmbench_letter if protocol in ("lmms-eval", "lenient") else vlmevalkit_letter
+        self._protocol = protocol
         self.protocol = (f"{protocol}: MMBench CircularEval, rule letter matching then LLM matching; "
                          "group right only if all copies are")
 
@@ -54,6 +59,13 @@ class CircularScorer:
             for i, reply in zip(pending, replies):
                 read[i] = read_matching_reply(reply, items[i].options)
                 notes[i] = "llm match" if read[i] else "unmatched"
+        elif self._protocol in ("lmms-eval", "lenient"):
+            for i in pending:
+                if self._protocol == "lmms-eval":
+                    read[i] = lmms_mcq_letter(predictions[i] or "", sorted(items[i].options)) or None
+                else:
+                    read[i] = read_letter(predictions[i] or "", items[i].options)[0]
+                notes[i] = "rules-only fallback" if read[i] else "unmatched"
         else:
             for i in pending:
                 notes[i] = "unmatched"

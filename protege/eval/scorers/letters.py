@@ -23,9 +23,9 @@ Three readers:
   whitespace token; exactly one such option letter -> it; else exactly one option text contained
   (plain lowercase substring) -> it; else unmatched.
 
-* `lmms_mmbench_letter` - lmms-eval's copy of that matcher in its MMBench evaluator: bare letter
-  tokens, with its guard that a bare "A" in a response of more than 3 tokens may be the article,
-  then punctuated forms ("B.", "(B)", ":B", ...), then the option text.
+* `lmms_mmbench_letter` - lmms-eval 0.7.3's copy of that matcher in its MMBench evaluator: bare letter
+  tokens among A-E, with its guard that a bare "A" in a response of more than 3 tokens may be the
+  article, then punctuated forms ("B.", "(B)", ":B", ...), then the option text.
 """
 from __future__ import annotations
 
@@ -132,20 +132,26 @@ def vlmevalkit_letter(response: str, options: dict[str, str]) -> str | None:
     return contained_option_text(response, options)
 
 
+_MMBENCH_LETTERS = "ABCDE"  # can_infer_option's default num_choice=5
 _MMBENCH_AFFIXES = [("", "."), ("", ","), ("", ":"), ("", ")"), ("", ")."), ("(", ")"), ("(", ")."),
                     (":", ""), (":", ","), (":", "."), (":", ")"), (":", ").")]
 
 
 def lmms_mmbench_letter(response: str, options: dict[str, str]) -> str | None:
-    splits = [s.strip() for s in response.split()]
-    bare = [c for c in options if c in splits]
-    if len(bare) == 1 and not ("A" in splits and len(splits) > 3):
-        return bare[0]
-    for pre, suf in _MMBENCH_AFFIXES:
-        hits = [c for c in options if pre + c + suf in splits]
-        if len(hits) == 1:
-            return hits[0]
-    return contained_option_text(response, options)
+    """lmms-eval 0.7.3 `MMBench_Evaluator.can_infer`: bare letter tokens among A-E (whatever the question's
+    options; a bare "A" in a response of more than three tokens stops this step), then the affixed forms
+    ("B.", "(B)", ":B", ... one letter exactly), then exactly one option text contained (lower case).
+    A response saying "Failed to obtain answer via API" skips the letter steps."""
+    if "Failed to obtain answer via API" not in response:
+        splits = [s.strip() for s in response.split()]
+        bare = [c for c in _MMBENCH_LETTERS if c in splits]
+        if len(bare) == 1 and not ("A" in splits and len(splits) > 3):
+            return bare[0]
+        for pre, suf in _MMBENCH_AFFIXES:
+            hits = [c for c in _MMBENCH_LETTERS if pre + c + suf in splits]
+            if len(hits) == 1:
+                return hits[0]
+    return contained_option_text(response, {k: v for k, v in options.items() if k in "ABCD"})
 
 
 def options_line(options: dict[str, str]) -> str:
