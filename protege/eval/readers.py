@@ -184,9 +184,10 @@ def _precision(value) -> int | None:
 
 
 def _letter(answer: str) -> str:
-    """BLINK-style "(A)" and "A." golds -> "A"."""
-    m = re.fullmatch(r"\s*\(?([A-J])\)?\.?\s*", answer or "")
-    return m.group(1) if m else (answer or "").strip()
+    """BLINK-style "(A)" and "A." golds, lower case and padding included ("b", " C ", "(d)") -> "A".. "J",
+    as the harnesses normalise them (upper-casing and stripping the gold before comparing)."""
+    m = re.fullmatch(r"\s*\(?([A-Ja-j])\)?\.?\s*", answer or "")
+    return m.group(1).upper() if m else (answer or "").strip()
 
 
 def _capabilities(value) -> list[str]:

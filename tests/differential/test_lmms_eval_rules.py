@@ -122,3 +122,73 @@ def test_mmbench_rules_only_matches_eval_sub_data():
             bad.append(f"group {g} {[(it.answer, p) for it, p in copies]}: ours {units[str(g)]}, lmms-eval {theirs} "
                        "(MMBench_Evaluator.eval_sub_data, static)")
     assert not bad, "\n".join(bad[:10])
+
+
+def _compare(benchmark, items, answers, theirs_fn, rule):
+    ours = scorer_for(benchmark).score(items, answers)
+    bad = [f"{a!r} gold {it.answer!r}: ours {s.score}, lmms-eval {t} ({rule})"
+           for it, a, s in zip(items, answers, ours) if s.score != (t := theirs_fn(it, a))]
+    assert not bad, "\n".join(bad[:20])
+
+
+def _mc_items(benchmark, golds, n_options=4):
+    return [BenchItem(benchmark=benchmark, index=str(i), question="Q?", images=[], answer=g,
+                      options={k: t for k, t in zip("ABCDEF"[:n_options], TEXTS)}) for i, g in enumerate(golds)]
+
+
+EXTRA = ["", " ", "B\n", " B", "b", "b.", "B.", "B. apple", "(B)", "B)", "Banana", "The answer is B", "\nB"]
+
+
+def test_ai2d_matches_filter_and_exact_match():
+    from lmms_eval.api.metrics import exact_match_hf_evaluate
+    from lmms_eval.tasks.ai2d.utils import MultiChoiceRegexFilter
+
+    answers = awkward_answers(400, 6) + EXTRA
+    rng = random.Random(6)
+    items = _mc_items("ai2d", [rng.choice("ABCD") for _ in answers])
+    flt = MultiChoiceRegexFilter(regex_pattern=r"([A-Z])\.", group_select=0, ignore_case=True, ignore_punctuation=True)
+
+    def theirs(item, answer):
+        filtered = flt.apply([[answer]], [{"question": item.question}])[0]
+        return float(exact_match_hf_evaluate([filtered], [item.answer], ignore_case=True,
+                                             ignore_punctuation=True)["exact_match"])
+
+    _compare("ai2d", items, answers, theirs, "MultiChoiceRegexFilter + exact_match")
+
+
+@pytest.mark.parametrize("benchmark", ["seedbench", "seedbench2_plus"])
+def test_seedbench_matches_process_and_aggregate(benchmark):
+    import lmms_eval.tasks.seedbench.utils as seed1
+    import lmms_eval.tasks.seedbench_2_plus.utils as seed2
+
+    answers = awkward_answers(300, 7) + EXTRA
+    rng = random.Random(7)
+    items = _mc_items(benchmark, [rng.choice(["A", "B", "c", " D"]) for _ in answers])
+
+    def theirs(item, answer):
+        doc = {"answer": item.answer, "question_id": item.index, "data_type": "image", "question_image_type": "chart"}
+        if benchmark == "seedbench":
+            result = seed1.seed_process_result(doc, [answer])["seed_all"]
+            return float(seed1.seed_aggregation_result([result]))
+        result = seed2.seed_process_result(doc, [answer])["seedbench_2_plus_all"]
+        return float(seed2.seed_aggregation_result([result]))
+
+    _compare(benchmark, items, answers, theirs, "seed_process_result + seed_aggregation_result")
+
+
+def test_blink_matches_blink_process_results():
+    from lmms_eval.tasks.blink.utils import blink_process_results
+
+    answers = awkward_answers(400, 8) + EXTRA + ["E", "(E)", "The answers are (A) and (B)", "answer: c", "A or B",
+                                                 "Answer is (D)\nmore", "(A) and (B)", "c)", "Answers: B"]
+    rng = random.Random(8)
+    n_options = [rng.choice([2, 3, 4]) for _ in answers]
+    items = [BenchItem(benchmark="blink", index=str(i), question="Q?", images=[],
+                       answer=f"({'ABCD'[rng.randrange(n)]})", options={k: t for k, t in zip("ABCD"[:n], TEXTS)})
+             for i, n in enumerate(n_options)]
+
+    def theirs(item, answer):
+        doc = {"answer": item.answer, "choices": list(item.options.values()), "idx": item.index, "sub_task": "s"}
+        return float(blink_process_results(doc, [answer])["blink_acc"]["is_correct"])
+
+    _compare("blink", items, answers, theirs, "blink_process_results")

@@ -47,17 +47,23 @@ def score(tmp_path, benchmark, data_text, preds_text, suffix=".tsv"):
 
 def test_ai2d_score_matches_hand_count(tmp_path):
     data = tsv([row(1, "A"), row(2, "C"), row(3, "D"), row(4, "B"), row(5, "D")])
-    # 1 right, 2 right ("(C)"), 3 wrong (B for D), 4 wrong (no letter), 5 right -> 3 / 5 = 60.0
+    # lmms-eval 0.7.3 ai2d: a leading "X." letter or the whole response, equal to the gold ignoring case and
+    # punctuation: 1 right, 2 wrong ("The answer is (C)." is not "c"), 3 wrong, 4 wrong, 5 right -> 2 / 5
     preds = predictions([(1, "A"), (2, "The answer is (C)."), (3, "B"), (4, "I cannot tell."), (5, "D")])
     res, out = score(tmp_path, "ai2d", data, preds)
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["score"] == pytest.approx(60.0) and summary["items"] == 5
-    assert summary["ci"][0] <= 60.0 <= summary["ci"][1]
+    assert summary["score"] == pytest.approx(40.0) and summary["items"] == 5
+    assert summary["ci"][0] <= 40.0 <= summary["ci"][1]
     rows = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
-    assert [r["score"] for r in rows] == [1.0, 1.0, 0.0, 0.0, 1.0]
-    assert [r["extracted"] for r in rows][:3] == ["A", "C", "B"]
-    assert "ai2d: 60.00" in res.output
+    assert [r["score"] for r in rows] == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert [r["extracted"] for r in rows][:3] == ["A", "The answer is (C).", "B"]
+    assert "ai2d: 40.00" in res.output
+    # the lenient reading also takes "The answer is (C)." -> 3 / 5
+    lenient = CliRunner().invoke(app, ["eval", "score", "--benchmark", "ai2d", "--data", str(tmp_path / "bench.tsv"),
+                                       "--predictions", str(tmp_path / "preds.jsonl"), "--out", str(tmp_path / "len"),
+                                       "--bootstrap", "200", "--protocol", "lenient"])
+    assert lenient.exit_code == 0 and "ai2d: 60.00" in lenient.output, lenient.output
 
 
 def test_mmbench_circular_copies_count_together(tmp_path):

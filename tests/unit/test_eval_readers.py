@@ -311,6 +311,16 @@ def test_answer_letter_beyond_the_options(tmp_path):
     assert "row 2 (index 2): answer 'C' but the options are A,B" in msg and "row 3" not in msg
 
 
+def test_lower_case_and_padded_gold_letters_are_normalised(tmp_path):
+    path = tsv(tmp_path / "MMStar.tsv", ["index", "image", "question", "A", "B", "C", "D", "answer", "category"], [
+        ["1", b64(RED), "q1", "a", "b", "c", "d", "b", "math"],
+        ["2", b64(RED), "q2", "a", "b", "c", "d", " C ", "math"],
+        ["3", b64(RED), "q3", "a", "b", "c", "d", "(d)", "math"],
+        ["4", b64(RED), "q4", "a", "b", "c", "d", "a.", "math"],
+    ])
+    assert [it.answer for it in read_benchmark("mmstar", path)] == ["B", "C", "D", "A"]
+
+
 def test_missing_file_says_where_to_put_it(tmp_path):
     where = tmp_path / "benchmarks" / "mmbench.tsv"
     with pytest.raises(UserFacingError) as exc:

@@ -1,9 +1,10 @@
 """Benchmark-protocol scorers: `scorer_for(benchmark, protocol)` -> a `Scorer`.
 
 Protocols:
-* "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task. MMStar, RealWorldQA and the
-  MMBench rule path follow it item by item (held there by tests/differential); the other benchmarks
-  still use the `lenient` scorers below, whose docstrings say where they read more than the harness.
+* "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task. The benchmarks in HARNESS_EXACT
+  (every multiple-choice one but MMMU / MMMU-Pro; MMBench on its rule path) follow it item by item,
+  held there by tests/differential; the others still use the `lenient` scorers below, whose docstrings
+  say where they read more than the harness.
 * "lenient": our generous reading (letters in more positions, option texts, number words, thousands
   separators), for knowing what the model knew rather than comparing with papers.
 * "vlmevalkit": VLMEvalKit's multiple-choice matching (multiple-choice benchmarks only).
@@ -16,7 +17,13 @@ from collections.abc import Callable
 from protege.eval.items import BENCHMARKS
 from protege.eval.scorers.base import Completer, Scorer
 from protege.eval.scorers.chartqa import ChartQAScorer
-from protege.eval.scorers.lmms_choice import LmmsMMStarScorer, LmmsRealWorldQAScorer
+from protege.eval.scorers.lmms_choice import (
+    LmmsAI2DScorer,
+    LmmsBlinkScorer,
+    LmmsMMStarScorer,
+    LmmsRealWorldQAScorer,
+    LmmsSeedBenchScorer,
+)
 from protege.eval.scorers.circular import CircularScorer
 from protege.eval.scorers.mathvista import MathVistaScorer
 from protege.eval.scorers.mmmu import MMMUProScorer, MMMUScorer
@@ -56,9 +63,11 @@ MULTIPLE_CHOICE = ("ai2d", "mmstar", "realworldqa", "blink", "seedbench", "seedb
                     "mmmu_pro", "mmbench", "mmbench_cn")
 assert set(_LENIENT) == set(BENCHMARKS)
 _LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
-    **_LENIENT, "mmstar": LmmsMMStarScorer, "realworldqa": LmmsRealWorldQAScorer,
+    **_LENIENT, "mmstar": LmmsMMStarScorer, "realworldqa": LmmsRealWorldQAScorer, "ai2d": LmmsAI2DScorer,
+    "blink": LmmsBlinkScorer, "seedbench": lambda: LmmsSeedBenchScorer("seedbench"),
+    "seedbench2_plus": lambda: LmmsSeedBenchScorer("seedbench2_plus"),
     "mmbench": lambda: CircularScorer("mmbench", "lmms-eval"), "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lmms-eval")}
-HARNESS_EXACT = ("mmstar", "realworldqa", "mmbench", "mmbench_cn")  # benchmarks whose `lmms-eval` scorer is checked item by item
+HARNESS_EXACT = ("mmstar", "realworldqa", "mmbench", "mmbench_cn", "ai2d", "blink", "seedbench", "seedbench2_plus")  # benchmarks whose `lmms-eval` scorer is checked item by item
 
 
 def scorer_for(benchmark: str, protocol: str = "lmms-eval", grader_prompt: str | None = None) -> Scorer:

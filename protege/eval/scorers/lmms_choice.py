@@ -5,11 +5,21 @@ never ask an LLM (these tasks have no LLM step) and never guess.
 """
 from __future__ import annotations
 
+import re
+import string
+
 from protege.eval.items import BenchItem, Scored
 from protege.eval.scorers.base import Completer, ItemScorer, check_lengths
 from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
+from protege.eval.scorers.multiple_choice import gold_letter
 
 ABCD = ("A", "B", "C", "D")
+
+
+def _check_gold(item: BenchItem) -> None:
+    """A gold that names no listed option is a broken file, whatever the harness would do with it."""
+    if item.options:
+        gold_letter(item, item.options)
 
 
 def _letter_note(letter: str) -> str:
@@ -35,6 +45,7 @@ class LmmsMMStarScorer(ItemScorer):
         check_lengths(items, predictions, "predictions")
         out = []
         for item, pred in zip(items, predictions):
+            _check_gold(item)
             letter = lmms_mcq_letter(pred, ABCD)
             out.append(Scored(item.index, letter, float(letter == item.answer.strip().upper()), _letter_note(letter)))
         return out
@@ -62,4 +73,98 @@ class LmmsRealWorldQAScorer(ItemScorer):
             else:
                 said = (pred or "").lower().strip().rstrip(".")
                 out.append(Scored(item.index, said, float(said == gold.lower())))
+        return out
+
+
+_AI2D_LEADING = re.compile(r"^\s*([A-Z])\.")
+_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def _exact_match_text(text: str) -> str:
+    """lmms-eval's exact_match with ignore_case and ignore_punctuation: lower case, ASCII punctuation
+    removed, whitespace kept."""
+    return text.lower().translate(_NO_PUNCTUATION)
+
+
+class LmmsAI2DScorer(ItemScorer):
+    """lmms-eval 0.7.3 `ai2d` (flexible-extract): `MultiChoiceRegexFilter` keeps the letter of a leading
+    'X.' (upper case, after optional whitespace) and otherwise the whole response; the `exact_match`
+    metric then compares it with the gold letter, ignoring case and ASCII punctuation but not
+    whitespace: "(B)" and "b." match B, " B" and "The answer is B" do not."""
+
+    def __init__(self, benchmark: str = "ai2d"):
+        super().__init__(benchmark, "lmms-eval 0.7.3: ai2d MultiChoiceRegexFilter + exact_match "
+                                    "(ignore case and punctuation)")
+
+    def score(self, items: list[BenchItem], predictions: list[str],
+              complete: Completer | None = None) -> list[Scored]:
+        check_lengths(items, predictions, "predictions")
+        out = []
+        for item, pred in zip(items, predictions):
+            _check_gold(item)
+            m = _AI2D_LEADING.match(pred or "")
+            said = m.group(1) if m else (pred or "")
+            out.append(Scored(item.index, said, float(_exact_match_text(said) == _exact_match_text(item.answer))))
+        return out
+
+
+class LmmsSeedBenchScorer(ItemScorer):
+    """lmms-eval 0.7.3 `seedbench` / `seedbench_2_plus` (`seed_process_result`, `seed_aggregation_result`):
+    the first character of the stripped response, compared with the gold case-insensitively after
+    stripping both. "Apple" reads as A; "The answer is B" as T."""
+
+    def __init__(self, benchmark: str):
+        super().__init__(benchmark, f"lmms-eval 0.7.3: {benchmark} first character, case-insensitive")
+
+    def score(self, items: list[BenchItem], predictions: list[str],
+              complete: Completer | None = None) -> list[Scored]:
+        check_lengths(items, predictions, "predictions")
+        out = []
+        for item, pred in zip(items, predictions):
+            _check_gold(item)
+            said = (pred or "").strip()[:1]
+            out.append(Scored(item.index, said, float(said.lower().strip() == item.answer.lower().strip())))
+        return out
+
+
+def blink_letter(text: str, valid: str) -> str:
+    """lmms-eval 0.7.3 `blink/_extract_answer_letter`, from its rules: (1) a first line of at most four
+    characters that is only the letter, optionally in parentheses and followed by . : , ) or spaces;
+    (2) the last "answer(s) (is) [:-] (X)" statement; (3) the last "(X)" in upper case; (4) the letter
+    the text starts with, after "(" or spaces. Letters outside `valid` never count; (1), (2), (4) ignore
+    case."""
+    text = text.strip()
+    letters = re.escape(valid.upper())
+    first = text.split("\n", 1)[0].strip()
+    if len(first) <= 4:
+        m = re.match(rf"^\(?([{letters}])\)?[\.\s:,)]*$", first, flags=re.IGNORECASE)
+        if m:
+            return m.group(1).upper()
+    stated = re.findall(rf"answers?(?:\s+is)?\s*[:\-]?\s*\(?([{letters}])\)?(?![A-Za-z])", text, flags=re.IGNORECASE)
+    if stated:
+        return stated[-1].upper()
+    bracketed = re.findall(rf"\(([{letters}])\)", text)
+    if bracketed:
+        return bracketed[-1].upper()
+    m = re.match(rf"[\(\s]*([{letters}])[\)\.\s]*", text, flags=re.IGNORECASE)
+    return m.group(1).upper() if m else ""
+
+
+class LmmsBlinkScorer(ItemScorer):
+    """lmms-eval 0.7.3 `blink_process_results`: `blink_letter` over the question's option letters (A..
+    as many as it has choices; all of A-Z when it lists none) equals the gold with its parentheses
+    stripped ("(B)" -> "B")."""
+
+    def __init__(self, benchmark: str = "blink"):
+        super().__init__(benchmark, "lmms-eval 0.7.3: blink _extract_answer_letter")
+
+    def score(self, items: list[BenchItem], predictions: list[str],
+              complete: Completer | None = None) -> list[Scored]:
+        check_lengths(items, predictions, "predictions")
+        out = []
+        for item, pred in zip(items, predictions):
+            _check_gold(item)
+            valid = string.ascii_uppercase[:len(item.options)] or string.ascii_uppercase
+            letter = blink_letter(pred or "", valid)
+            out.append(Scored(item.index, letter, float(letter == item.answer.strip("()")), _letter_note(letter)))
         return out
