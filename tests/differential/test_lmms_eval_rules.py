@@ -192,3 +192,26 @@ def test_blink_matches_blink_process_results():
         return float(blink_process_results(doc, [answer])["blink_acc"]["is_correct"])
 
     _compare("blink", items, answers, theirs, "blink_process_results")
+
+
+@pytest.mark.parametrize("n_options", [4, 10])
+def test_mmmu_multiple_choice_matches_parse_mmmu_multi_choice_response(n_options, monkeypatch):
+    import lmms_eval.tasks._task_utils.mmmu_mcq_utils as mmmu
+
+    monkeypatch.setattr(mmmu.random, "choice", lambda seq: "<random>")  # where the harness guesses
+    texts = ["apple", "a red apple", "banana", "the cat", "3", "cherry pie", "dog", "grape", "10", "kiwi"]
+    options = dict(zip("ABCDEFGHIJ"[:n_options], texts[:n_options]))
+    answers = awkward_answers(500, 9) + EXTRA + [
+        "I think the answer is a red apple, not banana", "It looks like a banana to me here", "(A) or (B)",
+        "A. apple B. banana", "Option C is the cat, so C", "The image shows the cat and a dog clearly", "J"]
+    rng = random.Random(9)
+    items = [BenchItem(benchmark="mmmu", index=str(i), question="Q?", images=[], answer=rng.choice(list(options)),
+                       options=options) for i in range(len(answers))]
+    ours = scorer_for("mmmu").score(items, answers)
+    bad = []
+    for item, a, s in zip(items, answers, ours):
+        parsed = mmmu.parse_mmmu_multi_choice_response(a, list(options), dict(options))
+        if (parsed == "<random>") != (s.note.startswith("no option found")) or \
+                (parsed != "<random>" and float(parsed == item.answer) != s.score):
+            bad.append(f"{a!r} gold {item.answer!r}: ours {s.extracted!r} {s.score}, lmms-eval {parsed!r}")
+    assert not bad, "\n".join(bad[:20])

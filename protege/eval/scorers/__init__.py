@@ -2,7 +2,7 @@
 
 Protocols:
 * "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task. The benchmarks in HARNESS_EXACT
-  (every multiple-choice one but MMMU / MMMU-Pro; MMBench on its rule path) follow it item by item,
+  (every multiple-choice one; MMBench on its rule path; MMMU's open questions excepted) follow it item by item,
   held there by tests/differential; the others still use the `lenient` scorers below, whose docstrings
   say where they read more than the harness.
 * "lenient": our generous reading (letters in more positions, option texts, number words, thousands
@@ -20,6 +20,7 @@ from protege.eval.scorers.chartqa import ChartQAScorer
 from protege.eval.scorers.lmms_choice import (
     LmmsAI2DScorer,
     LmmsBlinkScorer,
+    LmmsMMMUScorer,
     LmmsMMStarScorer,
     LmmsRealWorldQAScorer,
     LmmsSeedBenchScorer,
@@ -66,8 +67,10 @@ _LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
     **_LENIENT, "mmstar": LmmsMMStarScorer, "realworldqa": LmmsRealWorldQAScorer, "ai2d": LmmsAI2DScorer,
     "blink": LmmsBlinkScorer, "seedbench": lambda: LmmsSeedBenchScorer("seedbench"),
     "seedbench2_plus": lambda: LmmsSeedBenchScorer("seedbench2_plus"),
+    "mmmu": LmmsMMMUScorer, "mmmu_pro": lambda: LmmsMMMUScorer("mmmu_pro"),
     "mmbench": lambda: CircularScorer("mmbench", "lmms-eval"), "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lmms-eval")}
-HARNESS_EXACT = ("mmstar", "realworldqa", "mmbench", "mmbench_cn", "ai2d", "blink", "seedbench", "seedbench2_plus")  # benchmarks whose `lmms-eval` scorer is checked item by item
+HARNESS_EXACT = ("mmstar", "realworldqa", "mmbench", "mmbench_cn", "ai2d", "blink", "seedbench", "seedbench2_plus",
+                 "mmmu_pro")  # and MMMU's multiple-choice questions  # benchmarks whose `lmms-eval` scorer is checked item by item
 
 
 def scorer_for(benchmark: str, protocol: str = "lmms-eval", grader_prompt: str | None = None) -> Scorer:

@@ -168,3 +168,67 @@ class LmmsBlinkScorer(ItemScorer):
             letter = blink_letter(pred or "", valid)
             out.append(Scored(item.index, letter, float(letter == item.answer.strip("()")), _letter_note(letter)))
         return out
+
+
+_MMMU_EDGE = (",", ".", "!", "?", ";", ":", "'")
+
+
+def mmmu_letter(response: str, options: dict[str, str]) -> str | None:
+    """lmms-eval 0.7.3 `parse_mmmu_multi_choice_response` (MMMU's own parser), from its rules; None where
+    it would draw a random letter. The response is stripped of , . ! ? ; : ' in turn and padded with
+    spaces. Candidates, first stage that finds any: "(X)"; "X "; "X."; and, for responses of more than
+    five words, options whose text appears (lower case). One candidate wins outright; among several,
+    the one whose last "(X)" (bracket stage), last " X " (letter stages; -1 when absent) or last text
+    occurrence (text stage) is latest, the first listed on a tie."""
+    letters = list(options)
+    text = response
+    for ch in _MMMU_EDGE:
+        text = text.strip(ch)
+    text = f" {text} "
+    bracketed = [c for c in letters if f"({c})" in text]
+    cands, by_text = bracketed, False
+    if not cands:
+        cands = [c for c in letters if f"{c} " in text]
+    if not cands:
+        cands = [c for c in letters if f"{c}." in text]
+    if not cands and len(text.split()) > 5:
+        cands = [c for c in letters if str(options[c]).lower() in text.lower()]
+        by_text = True
+    if not cands:
+        return None
+    if by_text:
+        starts = [text.lower().rfind(str(options[c]).lower()) for c in cands]
+    elif bracketed:
+        starts = [text.rfind(f"({c})") for c in cands]
+    else:
+        starts = [text.rfind(f" {c} ") for c in cands]
+    return cands[starts.index(max(starts))]
+
+
+class LmmsMMMUScorer(ItemScorer):
+    """lmms-eval 0.7.3 `mmmu_val` / `mmmu_pro_standard` multiple choice: `mmmu_letter` equals the gold
+    letter; where lmms-eval would draw a random letter we score 0 with a note. Open questions (MMMU only)
+    are still read by the `lenient` open-answer matcher (`mmmu.open_match`), not yet checked item by item
+    against lmms-eval's `parse_open_response` / `eval_open`."""
+
+    def __init__(self, benchmark: str = "mmmu"):
+        super().__init__(benchmark, f"lmms-eval 0.7.3: {benchmark} parse_mmmu_multi_choice_response "
+                                    "(open answers: lenient)")
+
+    def score(self, items: list[BenchItem], predictions: list[str],
+              complete: Completer | None = None) -> list[Scored]:
+        from protege.eval.scorers.mmmu import MMMUScorer  # its open-answer rule
+
+        check_lengths(items, predictions, "predictions")
+        out = []
+        for item, pred in zip(items, predictions):
+            if not item.options:
+                out.append(MMMUScorer(self.benchmark).score_open(item, pred or ""))
+                continue
+            _check_gold(item)
+            letter = mmmu_letter(pred or "", item.options)
+            if letter is None:
+                out.append(Scored(item.index, "", 0.0, "no option found (lmms-eval draws a random letter)"))
+            else:
+                out.append(Scored(item.index, letter, float(letter == item.answer)))
+        return out
