@@ -215,3 +215,20 @@ def test_mmmu_multiple_choice_matches_parse_mmmu_multi_choice_response(n_options
                 (parsed != "<random>" and float(parsed == item.answer) != s.score):
             bad.append(f"{a!r} gold {item.answer!r}: ours {s.extracted!r} {s.score}, lmms-eval {parsed!r}")
     assert not bad, "\n".join(bad[:20])
+
+
+def test_chartqa_matches_chartqa_process_results():
+    from lmms_eval.tasks.chartqa.utils import chartqa_process_results
+
+    rng = random.Random(10)
+    golds = ["12", "0", "0.45", "45%", "1,234", "Yes", "blue", "3.5", "-2", "100", "nan", "1e3"]
+    preds = ["12", "12.5", "12.7", " 12", "12\n", "12.", "0", "0.0", "zero", "45", "0.45", "45%", "45%%", "1234",
+             "1,234", "1234.0", "yes", "Yes.", "YES", "Blue", "blue ", "3.6", "3.68", "-2.05", "2", "105", "95",
+             "nan", "inf", "1000", "1e3", "", "12 apples", "The answer is 12"]
+    items, answers = [], []
+    for i in range(600):
+        items.append(BenchItem(benchmark="chartqa", index=str(i), question="Q?", images=[], answer=rng.choice(golds)))
+        answers.append(rng.choice(preds))
+    _compare("chartqa", items, answers,
+             lambda it, a: chartqa_process_results({"type": "human_test", "answer": it.answer}, [a])["relaxed_overall"],
+             "chartqa_process_results")

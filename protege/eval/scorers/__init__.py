@@ -20,6 +20,7 @@ from protege.eval.scorers.chartqa import ChartQAScorer
 from protege.eval.scorers.lmms_choice import (
     LmmsAI2DScorer,
     LmmsBlinkScorer,
+    LmmsChartQAScorer,
     LmmsMMMUScorer,
     LmmsMMStarScorer,
     LmmsRealWorldQAScorer,
@@ -67,10 +68,10 @@ _LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
     **_LENIENT, "mmstar": LmmsMMStarScorer, "realworldqa": LmmsRealWorldQAScorer, "ai2d": LmmsAI2DScorer,
     "blink": LmmsBlinkScorer, "seedbench": lambda: LmmsSeedBenchScorer("seedbench"),
     "seedbench2_plus": lambda: LmmsSeedBenchScorer("seedbench2_plus"),
-    "mmmu": LmmsMMMUScorer, "mmmu_pro": lambda: LmmsMMMUScorer("mmmu_pro"),
+    "mmmu": LmmsMMMUScorer, "mmmu_pro": lambda: LmmsMMMUScorer("mmmu_pro"), "chartqa": LmmsChartQAScorer,
     "mmbench": lambda: CircularScorer("mmbench", "lmms-eval"), "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lmms-eval")}
 HARNESS_EXACT = ("mmstar", "realworldqa", "mmbench", "mmbench_cn", "ai2d", "blink", "seedbench", "seedbench2_plus",
-                 "mmmu_pro")  # and MMMU's multiple-choice questions  # benchmarks whose `lmms-eval` scorer is checked item by item
+                 "mmmu_pro", "chartqa")  # and MMMU's multiple-choice questions  # benchmarks whose `lmms-eval` scorer is checked item by item
 
 
 def scorer_for(benchmark: str, protocol: str = "lmms-eval", grader_prompt: str | None = None) -> Scorer:

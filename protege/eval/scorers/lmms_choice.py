@@ -232,3 +232,34 @@ class LmmsMMMUScorer(ItemScorer):
             else:
                 out.append(Scored(item.index, letter, float(letter == item.answer)))
         return out
+
+
+def lmms_relaxed_correctness(prediction: str, target: str, tolerance: float = 0.05) -> bool:
+    """lmms-eval 0.7.3 `chartqa/relaxed_correctness`, from its rule: both strings read as floats as they
+    stand (a trailing '%' run divides by 100; no stripping, no thousands separators) and the target is
+    non-zero -> relative error within 5%; otherwise case-insensitive string equality."""
+    def as_float(text: str) -> float | None:
+        try:
+            return float(text.rstrip("%")) / 100.0 if text.endswith("%") else float(text)
+        except ValueError:
+            return None
+
+    p, t = as_float(prediction), as_float(target)
+    if p is not None and t:
+        return abs(p - t) / abs(t) <= tolerance
+    return prediction.lower() == target.lower()
+
+
+class LmmsChartQAScorer(ItemScorer):
+    """lmms-eval 0.7.3 `chartqa_process_results`: `lmms_relaxed_correctness` of the whole response against
+    the row's one gold answer. The `lenient` ChartQA scorer also drops thousands separators, a trailing
+    period and surrounding spaces, and takes the best over several golds."""
+
+    def __init__(self, benchmark: str = "chartqa"):
+        super().__init__(benchmark, "lmms-eval 0.7.3: chartqa relaxed_correctness (5% numeric, else exact)")
+
+    def score(self, items: list[BenchItem], predictions: list[str],
+              complete: Completer | None = None) -> list[Scored]:
+        check_lengths(items, predictions, "predictions")
+        return [Scored(item.index, pred or "", float(lmms_relaxed_correctness(pred or "", item.answer)))
+                for item, pred in zip(items, predictions)]
