@@ -11,6 +11,7 @@ import string
 from protege.eval.items import BenchItem, Scored
 from protege.eval.scorers.base import Completer, ItemScorer, check_lengths
 from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
+from protege.eval.scorers.mmmu import MMMUScorer
 from protege.eval.scorers.multiple_choice import gold_letter
 
 ABCD = ("A", "B", "C", "D")
@@ -26,7 +27,19 @@ def _letter_note(letter: str) -> str:
     return "" if letter else "no option found"
 
 
-class LmmsMMStarScorer(ItemScorer):
+class PerItemScorer(ItemScorer):
+    """A harness rule that looks at one question at a time: subclasses give `score_one`."""
+
+    def score(self, items: list[BenchItem], predictions: list[str],
+              complete: Completer | None = None) -> list[Scored]:
+        check_lengths(items, predictions, "predictions")
+        return [self.score_one(item, pred or "") for item, pred in zip(items, predictions)]
+
+    def score_one(self, item: BenchItem, prediction: str) -> Scored:
+        raise NotImplementedError
+
+
+class LmmsMMStarScorer(PerItemScorer):
     """lmms-eval 0.7.3 `mmstar_process_results` -> `exact_match`: the letter `extract_mcq_answer` reads
     among A-D equals the gold stripped and upper-cased. The average is `mmstar_aggregate_results`'s:
     the mean over L2 categories of their accuracies (macro)."""
@@ -40,18 +53,13 @@ class LmmsMMStarScorer(ItemScorer):
     def unit_category(self, item: BenchItem) -> str:
         return item.l2_category or item.category
 
-    def score(self, items: list[BenchItem], predictions: list[str],
-              complete: Completer | None = None) -> list[Scored]:
-        check_lengths(items, predictions, "predictions")
-        out = []
-        for item, pred in zip(items, predictions):
-            _check_gold(item)
-            letter = lmms_mcq_letter(pred, ABCD)
-            out.append(Scored(item.index, letter, float(letter == item.answer.strip().upper()), _letter_note(letter)))
-        return out
+    def score_one(self, item: BenchItem, prediction: str) -> Scored:
+        _check_gold(item)
+        letter = lmms_mcq_letter(prediction, ABCD)
+        return Scored(item.index, letter, float(letter == item.answer.strip().upper()), _letter_note(letter))
 
 
-class LmmsRealWorldQAScorer(ItemScorer):
+class LmmsRealWorldQAScorer(PerItemScorer):
     """lmms-eval 0.7.3 `realworldqa_process_results`: a gold that is one of A-D (any case) is compared with
     the letter `extract_mcq_answer` reads among A-D; any other gold with the response lower-cased,
     stripped and with trailing periods removed, compared to the lower-cased gold (number words are not
@@ -61,19 +69,13 @@ class LmmsRealWorldQAScorer(ItemScorer):
         super().__init__(benchmark, "lmms-eval 0.7.3: realworldqa extract_mcq_answer for A-D golds, "
                                     "exact match otherwise")
 
-    def score(self, items: list[BenchItem], predictions: list[str],
-              complete: Completer | None = None) -> list[Scored]:
-        check_lengths(items, predictions, "predictions")
-        out = []
-        for item, pred in zip(items, predictions):
-            gold = item.answer.strip()
-            if gold.upper() in ABCD:
-                letter = lmms_mcq_letter(pred, ABCD)
-                out.append(Scored(item.index, letter, float(letter == gold.upper()), _letter_note(letter)))
-            else:
-                said = (pred or "").lower().strip().rstrip(".")
-                out.append(Scored(item.index, said, float(said == gold.lower())))
-        return out
+    def score_one(self, item: BenchItem, prediction: str) -> Scored:
+        gold = item.answer.strip()
+        if gold.upper() in ABCD:
+            letter = lmms_mcq_letter(prediction, ABCD)
+            return Scored(item.index, letter, float(letter == gold.upper()), _letter_note(letter))
+        said = prediction.lower().strip().rstrip(".")
+        return Scored(item.index, said, float(said == gold.lower()))
 
 
 _AI2D_LEADING = re.compile(r"^\s*([A-Z])\.")
@@ -86,7 +88,7 @@ def _exact_match_text(text: str) -> str:
     return text.lower().translate(_NO_PUNCTUATION)
 
 
-class LmmsAI2DScorer(ItemScorer):
+class LmmsAI2DScorer(PerItemScorer):
     """lmms-eval 0.7.3 `ai2d` (flexible-extract): `MultiChoiceRegexFilter` keeps the letter of a leading
     'X.' (upper case, after optional whitespace) and otherwise the whole response; the `exact_match`
     metric then compares it with the gold letter, ignoring case and ASCII punctuation but not
@@ -96,19 +98,14 @@ class LmmsAI2DScorer(ItemScorer):
         super().__init__(benchmark, "lmms-eval 0.7.3: ai2d MultiChoiceRegexFilter + exact_match "
                                     "(ignore case and punctuation)")
 
-    def score(self, items: list[BenchItem], predictions: list[str],
-              complete: Completer | None = None) -> list[Scored]:
-        check_lengths(items, predictions, "predictions")
-        out = []
-        for item, pred in zip(items, predictions):
-            _check_gold(item)
-            m = _AI2D_LEADING.match(pred or "")
-            said = m.group(1) if m else (pred or "")
-            out.append(Scored(item.index, said, float(_exact_match_text(said) == _exact_match_text(item.answer))))
-        return out
+    def score_one(self, item: BenchItem, prediction: str) -> Scored:
+        _check_gold(item)
+        m = _AI2D_LEADING.match(prediction)
+        said = m.group(1) if m else prediction
+        return Scored(item.index, said, float(_exact_match_text(said) == _exact_match_text(item.answer)))
 
 
-class LmmsSeedBenchScorer(ItemScorer):
+class LmmsSeedBenchScorer(PerItemScorer):
     """lmms-eval 0.7.3 `seedbench` / `seedbench_2_plus` (`seed_process_result`, `seed_aggregation_result`):
     the first character of the stripped response, compared with the gold case-insensitively after
     stripping both. "Apple" reads as A; "The answer is B" as T."""
@@ -116,15 +113,10 @@ class LmmsSeedBenchScorer(ItemScorer):
     def __init__(self, benchmark: str):
         super().__init__(benchmark, f"lmms-eval 0.7.3: {benchmark} first character, case-insensitive")
 
-    def score(self, items: list[BenchItem], predictions: list[str],
-              complete: Completer | None = None) -> list[Scored]:
-        check_lengths(items, predictions, "predictions")
-        out = []
-        for item, pred in zip(items, predictions):
-            _check_gold(item)
-            said = (pred or "").strip()[:1]
-            out.append(Scored(item.index, said, float(said.lower().strip() == item.answer.lower().strip())))
-        return out
+    def score_one(self, item: BenchItem, prediction: str) -> Scored:
+        _check_gold(item)
+        said = prediction.strip()[:1]
+        return Scored(item.index, said, float(said.lower().strip() == item.answer.lower().strip()))
 
 
 def blink_letter(text: str, valid: str) -> str:
@@ -150,7 +142,7 @@ def blink_letter(text: str, valid: str) -> str:
     return m.group(1).upper() if m else ""
 
 
-class LmmsBlinkScorer(ItemScorer):
+class LmmsBlinkScorer(PerItemScorer):
     """lmms-eval 0.7.3 `blink_process_results`: `blink_letter` over the question's option letters (A..
     as many as it has choices; all of A-Z when it lists none) equals the gold with its parentheses
     stripped ("(B)" -> "B")."""
@@ -158,16 +150,11 @@ class LmmsBlinkScorer(ItemScorer):
     def __init__(self, benchmark: str = "blink"):
         super().__init__(benchmark, "lmms-eval 0.7.3: blink _extract_answer_letter")
 
-    def score(self, items: list[BenchItem], predictions: list[str],
-              complete: Completer | None = None) -> list[Scored]:
-        check_lengths(items, predictions, "predictions")
-        out = []
-        for item, pred in zip(items, predictions):
-            _check_gold(item)
-            valid = string.ascii_uppercase[:len(item.options)] or string.ascii_uppercase
-            letter = blink_letter(pred or "", valid)
-            out.append(Scored(item.index, letter, float(letter == item.answer.strip("()")), _letter_note(letter)))
-        return out
+    def score_one(self, item: BenchItem, prediction: str) -> Scored:
+        _check_gold(item)
+        valid = string.ascii_uppercase[:len(item.options)] or string.ascii_uppercase
+        letter = blink_letter(prediction, valid)
+        return Scored(item.index, letter, float(letter == item.answer.strip("()")), _letter_note(letter))
 
 
 _MMMU_EDGE = (",", ".", "!", "?", ";", ":", "'")
@@ -205,7 +192,7 @@ def mmmu_letter(response: str, options: dict[str, str]) -> str | None:
     return cands[starts.index(max(starts))]
 
 
-class LmmsMMMUScorer(ItemScorer):
+class LmmsMMMUScorer(PerItemScorer):
     """lmms-eval 0.7.3 `mmmu_val` / `mmmu_pro_standard` multiple choice: `mmmu_letter` equals the gold
     letter; where lmms-eval would draw a random letter we score 0 with a note. Open questions (MMMU only)
     are still read by the `lenient` open-answer matcher (`mmmu.open_match`), not yet checked item by item
@@ -214,24 +201,16 @@ class LmmsMMMUScorer(ItemScorer):
     def __init__(self, benchmark: str = "mmmu"):
         super().__init__(benchmark, f"lmms-eval 0.7.3: {benchmark} parse_mmmu_multi_choice_response "
                                     "(open answers: lenient)")
+        self._open = MMMUScorer(benchmark)  # the lenient open-answer rule
 
-    def score(self, items: list[BenchItem], predictions: list[str],
-              complete: Completer | None = None) -> list[Scored]:
-        from protege.eval.scorers.mmmu import MMMUScorer  # its open-answer rule
-
-        check_lengths(items, predictions, "predictions")
-        out = []
-        for item, pred in zip(items, predictions):
-            if not item.options:
-                out.append(MMMUScorer(self.benchmark).score_open(item, pred or ""))
-                continue
-            _check_gold(item)
-            letter = mmmu_letter(pred or "", item.options)
-            if letter is None:
-                out.append(Scored(item.index, "", 0.0, "no option found (lmms-eval draws a random letter)"))
-            else:
-                out.append(Scored(item.index, letter, float(letter == item.answer)))
-        return out
+    def score_one(self, item: BenchItem, prediction: str) -> Scored:
+        if not item.options:
+            return self._open.score_open(item, prediction)
+        _check_gold(item)
+        letter = mmmu_letter(prediction, item.options)
+        if letter is None:
+            return Scored(item.index, "", 0.0, "no option found (lmms-eval draws a random letter)")
+        return Scored(item.index, letter, float(letter == item.answer))
 
 
 def lmms_relaxed_correctness(prediction: str, target: str, tolerance: float = 0.05) -> bool:
@@ -250,7 +229,7 @@ def lmms_relaxed_correctness(prediction: str, target: str, tolerance: float = 0.
     return prediction.lower() == target.lower()
 
 
-class LmmsChartQAScorer(ItemScorer):
+class LmmsChartQAScorer(PerItemScorer):
     """lmms-eval 0.7.3 `chartqa_process_results`: `lmms_relaxed_correctness` of the whole response against
     the row's one gold answer. The `lenient` ChartQA scorer also drops thousands separators, a trailing
     period and surrounding spaces, and takes the best over several golds."""
@@ -258,8 +237,5 @@ class LmmsChartQAScorer(ItemScorer):
     def __init__(self, benchmark: str = "chartqa"):
         super().__init__(benchmark, "lmms-eval 0.7.3: chartqa relaxed_correctness (5% numeric, else exact)")
 
-    def score(self, items: list[BenchItem], predictions: list[str],
-              complete: Completer | None = None) -> list[Scored]:
-        check_lengths(items, predictions, "predictions")
-        return [Scored(item.index, pred or "", float(lmms_relaxed_correctness(pred or "", item.answer)))
-                for item, pred in zip(items, predictions)]
+    def score_one(self, item: BenchItem, prediction: str) -> Scored:
+        return Scored(item.index, prediction, float(lmms_relaxed_correctness(prediction, item.answer)))
