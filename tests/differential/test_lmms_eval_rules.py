@@ -232,3 +232,25 @@ def test_chartqa_matches_chartqa_process_results():
     _compare("chartqa", items, answers,
              lambda it, a: chartqa_process_results({"type": "human_test", "answer": it.answer}, [a])["relaxed_overall"],
              "chartqa_process_results")
+
+
+def test_mmmu_open_matches_parse_open_response_and_eval_open():
+    from lmms_eval.tasks.mmmu.utils import eval_open, parse_open_response
+
+    rng = random.Random(12)
+    golds = ["3", "3.14", "1,000", "-2", "0.5", "x", "red", "Paris", "24/7", "['1', '2']", "1e3", "12 kg", "a"]
+    stems = ["{g}", "The answer is {g}.", "so the result is {g}", "x = {g}", "I think it could be {g}, not 4",
+             "Answer: {g}\nbecause", "{g} kg", "It is {w}.", "The value is about {g}0", "Therefore, {g}.",
+             "Final answer {g}", "three", "The answer is: ", "is so {g}", "{g}%", "approximately {g}.0"]
+    items, answers = [], []
+    for i in range(600):
+        gold, other = rng.choice(golds), rng.choice(golds)
+        items.append(BenchItem(benchmark="mmmu", index=str(i), question="Q?", images=[], answer=gold))
+        answers.append(rng.choice(stems).format(g=rng.choice([gold, other]), w=other.upper()))
+    # each decided by one quirk: a trivial tail is dropped, an empty tail gives way to the next key phrase
+    for answer, gold in [("The answer is : ", "a"), ("answer is \n7", "is"), ("it is so \nthus 5", "so"),
+                         ("x = 2\ny = 3", "2"), ("Result: 1,234.5 units", "1234.5")]:
+        items.append(BenchItem(benchmark="mmmu", index=str(len(items)), question="Q?", images=[], answer=gold))
+        answers.append(answer)
+    _compare("mmmu", items, answers, lambda it, a: float(eval_open(it.answer, parse_open_response(a))),
+             "parse_open_response + eval_open")

@@ -346,7 +346,9 @@ def test_mmmu_open():
              open_item("mmmu", "['3.5', '7/2']", "4"), open_item("mmmu", "12", "5"), open_item("mmmu", "b", "6")]
     preds = ["The total is 1200 dollars.", "so the answer is five", "The wire is made of Copper.",
              "x = 3.50", "The answer is 13.", "It is an apple"]
-    assert scores("mmmu", items, preds) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    assert scores("mmmu", items, preds, "lenient") == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    # lmms-eval 0.7.3: no number words, and a list-literal gold is one string
+    assert scores("mmmu", items, preds) == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
 
 
 def test_mmmu_mc_without_options_is_user_error():

@@ -2,7 +2,7 @@
 
 Protocols:
 * "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task. The benchmarks in HARNESS_EXACT
-  (every multiple-choice one; MMBench on its rule path; MMMU's open questions excepted) follow it item by item,
+  (all but MathVista and MM-Vet; MMBench on its rule path) follow it item by item,
   held there by tests/differential; the others still use the `lenient` scorers below, whose docstrings
   say where they read more than the harness.
 * "lenient": our generous reading (letters in more positions, option texts, number words, thousands
@@ -71,7 +71,7 @@ _LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
     "mmmu": LmmsMMMUScorer, "mmmu_pro": lambda: LmmsMMMUScorer("mmmu_pro"), "chartqa": LmmsChartQAScorer,
     "mmbench": lambda: CircularScorer("mmbench", "lmms-eval"), "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lmms-eval")}
 HARNESS_EXACT = ("mmstar", "realworldqa", "mmbench", "mmbench_cn", "ai2d", "blink", "seedbench", "seedbench2_plus",
-                 "mmmu_pro", "chartqa")  # and MMMU's multiple-choice questions  # benchmarks whose `lmms-eval` scorer is checked item by item
+                 "mmmu", "mmmu_pro", "chartqa")  # benchmarks whose `lmms-eval` scorer is checked item by item
 
 
 def scorer_for(benchmark: str, protocol: str = "lmms-eval", grader_prompt: str | None = None) -> Scorer:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 import string
 
+from protege.errors import UserFacingError
 from protege.eval.items import BenchItem, Scored
 from protege.eval.scorers.base import Completer, ItemScorer, check_lengths
 from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
-from protege.eval.scorers.mmmu import MMMUScorer
 from protege.eval.scorers.multiple_choice import gold_letter
 
 ABCD = ("A", "B", "C", "D")
@@ -192,20 +192,79 @@ def mmmu_letter(response: str, options: dict[str, str]) -> str | None:
     return cands[starts.index(max(starts))]
 
 
+_MMMU_KEYS = ("could be ", "so ", "is ", "thus ", "therefore ", "final ", "answer ", "result ")
+_MMMU_TRIVIAL = {":", ",", ".", "!", "?", ";", "'"}
+
+
+def _mmmu_key_tails(response: str) -> list[str]:
+    """The response stripped, '.'-stripped and lower-cased, split on newlines (the sentence split looks for
+    a capital after lower-casing, so it never fires); per part, the shortest tail after any key phrase
+    ('=' too in the last part); the whole text when no part has one."""
+    text = response.strip().strip(".").lower()
+    parts = re.split(r"\.\s(?=[A-Z])|\n", text)
+    tails = []
+    for i, part in enumerate(parts):
+        keys = _MMMU_KEYS + (("=",) if i == len(parts) - 1 else ())
+        best = None
+        for key in keys:
+            if key in part:
+                tail = part.split(key)[-1].strip()
+                if not best or len(tail) < len(best):  # an empty tail is replaced by the next one found
+                    best = tail
+        if best and best.strip() not in _MMMU_TRIVIAL:
+            tails.append(best)
+    return tails or [text]
+
+
+def _mmmu_numbers(text: str) -> list[str]:
+    """Numbers with thousands commas, then in scientific notation, then plain (MMMU's three patterns)."""
+    return (re.findall(r"-?\b\d{1,3}(?:,\d{3})+\b", text) + re.findall(r"-?\d+(?:\.\d+)?[eE][+-]?\d+", text)
+            + re.findall(r"-?(?:\d+\.\d+|\.\d+|\d+\b)(?![eE][+-]?\d+)(?![,\d])", text))
+
+
+def _mmmu_normalised(value: str) -> list:
+    """A number (commas dropped) rounded to 2 decimals, else the lower-cased string; one character is
+    padded with a space on either side so it does not match inside every word."""
+    value = value.strip()
+    try:
+        return [round(float(value.replace(",", "")), 2)]
+    except ValueError:
+        value = value.lower()
+        return [" " + value, value + " "] if len(value) == 1 else [value]
+
+
+def mmmu_open_correct(response: str, gold: str) -> tuple[str, bool]:
+    """lmms-eval 0.7.3 MMMU open questions (`parse_open_response`, then `eval_open`), from their rules:
+    the key tails and the numbers in them, normalised; right when a normalised gold string is inside a
+    string prediction or a gold number equals a number prediction. The gold is one string, even when it
+    looks like a list literal."""
+    tails = _mmmu_key_tails(response)
+    preds = [p for raw in tails + [n for t in tails for n in _mmmu_numbers(t)] for p in _mmmu_normalised(raw)]
+    golds = _mmmu_normalised(gold)
+    for p in preds:
+        if isinstance(p, str):
+            if any(isinstance(g, str) and g in p for g in golds):
+                return tails[-1], True
+        elif p in golds:
+            return tails[-1], True
+    return tails[-1], False
+
+
 class LmmsMMMUScorer(PerItemScorer):
-    """lmms-eval 0.7.3 `mmmu_val` / `mmmu_pro_standard` multiple choice: `mmmu_letter` equals the gold
-    letter; where lmms-eval would draw a random letter we score 0 with a note. Open questions (MMMU only)
-    are still read by the `lenient` open-answer matcher (`mmmu.open_match`), not yet checked item by item
-    against lmms-eval's `parse_open_response` / `eval_open`."""
+    """lmms-eval 0.7.3 `mmmu_val` / `mmmu_pro_standard`: multiple choice by `mmmu_letter` against the gold
+    letter (where lmms-eval would draw a random letter we score 0 with a note); open questions by
+    `mmmu_open_correct`."""
 
     def __init__(self, benchmark: str = "mmmu"):
         super().__init__(benchmark, f"lmms-eval 0.7.3: {benchmark} parse_mmmu_multi_choice_response "
-                                    "(open answers: lenient)")
-        self._open = MMMUScorer(benchmark)  # the lenient open-answer rule
+                                    "and parse_open_response / eval_open")
 
     def score_one(self, item: BenchItem, prediction: str) -> Scored:
         if not item.options:
-            return self._open.score_open(item, prediction)
+            if item.meta.get("question_type") == "multiple-choice":
+                raise UserFacingError(f"{item.where}: multiple-choice question without options")
+            read, right = mmmu_open_correct(prediction, item.answer)
+            return Scored(item.index, read, float(right))
         _check_gold(item)
         letter = mmmu_letter(prediction, item.options)
         if letter is None:
