@@ -15,7 +15,7 @@ ABCD = ("A", "B", "C", "D")
     ("B", "B"),                                  # start (10)
     ("The correct answer is (B).", "B"),         # phrase (7) beats parentheses (6)
     ("A and B", "A"),                            # start (10) beats end (9)
-    ("I think the answer is C because D is wrong", "D"),  # every letter after the phrase is a phrase candidate: latest wins
+    ("I think the answer is C because D is wrong", "D"),  # letters after the phrase: the latest wins
     ("(b)", ""),                                 # lower case is never a choice
     ("Dog", "D"),                                # nothing else found: any occurrence (fallback)
     ("答案是B", "B"),                             # phrase; no "end": 是 counts as a letter

@@ -1,10 +1,9 @@
 """Benchmark-protocol scorers: `scorer_for(benchmark, protocol)` -> a `Scorer`.
 
 Protocols:
-* "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task. The benchmarks in HARNESS_EXACT
-  (all but MathVista and MM-Vet; MMBench on its rule path) follow it item by item,
-  held there by tests/differential; the others still use the `lenient` scorers below, whose docstrings
-  say where they read more than the harness.
+* "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task. All benchmarks but MathVista and
+  MM-Vet (MMBench on its rule path) follow it item by item (`lmms_choice`), held there by
+  tests/differential; those three still use the `lenient` scorers.
 * "lenient": our generous reading (letters in more positions, option texts, number words, thousands
   separators), for knowing what the model knew rather than comparing with papers.
 * "vlmevalkit": VLMEvalKit's multiple-choice matching (multiple-choice benchmarks only).
@@ -69,9 +68,8 @@ _LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
     "blink": LmmsBlinkScorer, "seedbench": lambda: LmmsSeedBenchScorer("seedbench"),
     "seedbench2_plus": lambda: LmmsSeedBenchScorer("seedbench2_plus"),
     "mmmu": LmmsMMMUScorer, "mmmu_pro": lambda: LmmsMMMUScorer("mmmu_pro"), "chartqa": LmmsChartQAScorer,
-    "mmbench": lambda: CircularScorer("mmbench", "lmms-eval"), "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lmms-eval")}
-HARNESS_EXACT = ("mmstar", "realworldqa", "mmbench", "mmbench_cn", "ai2d", "blink", "seedbench", "seedbench2_plus",
-                 "mmmu", "mmmu_pro", "chartqa")  # benchmarks whose `lmms-eval` scorer is checked item by item
+    "mmbench": lambda: CircularScorer("mmbench", "lmms-eval"),
+    "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lmms-eval")}
 
 
 def scorer_for(benchmark: str, protocol: str = "lmms-eval", grader_prompt: str | None = None) -> Scorer:
@@ -102,4 +100,4 @@ def suite_protocol(benchmark: str, protocol: str) -> str:
     return "lmms-eval" if protocol == "vlmevalkit" and benchmark not in MULTIPLE_CHOICE else protocol
 
 
-__all__ = ["HARNESS_EXACT", "MULTIPLE_CHOICE", "PROTOCOLS", "Completer", "Scorer", "scorer_for", "suite_protocol"]
+__all__ = ["MULTIPLE_CHOICE", "PROTOCOLS", "Completer", "Scorer", "scorer_for", "suite_protocol"]

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from protege.eval.items import BenchItem, Scored, Unit
 from protege.eval.scorers.base import Completer, ask, check_lengths
-from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
 from protege.eval.scorers.letters import (
     lmms_mmbench_letter,
-    read_letter,
     matching_prompt,
+    read_letter,
     read_matching_reply,
     vlmevalkit_letter,
 )
+from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
 from protege.eval.scorers.multiple_choice import gold_letter
 
 
@@ -28,9 +28,9 @@ class CircularScorer:
     batched call. Where the harness then picks a random letter (matcher failed three times), we score
     the copy 0 with note "unmatched". With no `complete` under lmms-eval, the unread copies are read
     as lmms-eval 0.7.3's rules-only evaluation reads them (`eval_sub_data(static_only=True)`:
-    `extract_mcq_answer` over the question's option letters); under lenient, by `read_letter`. `units()` gives one unit per group
-    (category and difficulty of the group's first copy); the benchmark score is the mean over groups
-    (micro).
+    `extract_mcq_answer` over the question's option letters); under lenient, by `read_letter`.
+    `units()` gives one unit per group (category and difficulty of the group's first copy); the
+    benchmark score is the mean over groups (micro).
     """
 
     aggregate = "micro"

@@ -1,7 +1,8 @@
-"""Multiple-choice benchmarks scored exactly as lmms-eval 0.7.3 scores them (the `lmms-eval` protocol).
+"""Benchmarks scored exactly as lmms-eval 0.7.3 scores them (the `lmms-eval` protocol): the plain
+multiple-choice ones, MMMU / MMMU-Pro and ChartQA (MMBench's rule path lives in `circular`).
 
-Each scorer names the task function it follows. They read letters with `lmms_mcq.lmms_mcq_letter`,
-never ask an LLM (these tasks have no LLM step) and never guess.
+Each scorer names the task function it follows, rewritten from its rules. None asks an LLM (these
+tasks have no LLM step) and none guesses: where the harness draws a random letter we score 0.
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Plain multiple choice (one unit per question): AI2D, MMStar, RealWorldQA, BLINK, SEED-Bench, SEED-Bench-2-Plus.
 
-Under the `lenient` protocol (and, until they are made harness-exact, the `lmms-eval` protocol of AI2D,
-BLINK and the SEED-Benches) every scorer reads the letter with `letters.read_letter` (several different
+These are the `lenient` protocol's scorers (the `lmms-eval` protocol uses `lmms_choice`): every scorer reads the letter with `letters.read_letter` (several different
 letters -> no answer, score 0) and never asks an LLM: lmms-eval has no LLM step for these tasks, so
 `complete` is ignored. Where a harness would pick a random letter we score 0 with note "no option found".
 """
