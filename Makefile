@@ -44,7 +44,7 @@ demo: $(STAMP)
 # model, video and dataset extras (--no-deps), plus the few packages its task modules import.
 $(HARNESSES): Makefile | $(STAMP)
 	$(BIN)/pip install --no-deps "lmms-eval==0.7.3"
-	$(BIN)/pip install loguru datasets accelerate tenacity evaluate sacrebleu
+	$(BIN)/pip install loguru datasets accelerate tenacity evaluate sacrebleu levenshtein
 	touch $(HARNESSES)
 
 test: $(STAMP) $(HARNESSES)

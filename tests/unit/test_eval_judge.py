@@ -19,22 +19,30 @@ def grade(prompt: str) -> str:
     return "1.0" if re.search(r"\bred\b", prediction) and re.search(r"\b3\b", prediction) else "0.0"
 
 
-def test_mmvet_scored_by_an_llm_grader(tmp_path):
+@pytest.mark.parametrize("protocol, requests, prompt_start", [
+    ("lmms-eval", 7, "Compare the ground truth"),   # four grades + three retries; lmms-eval's own prompt
+    ("lenient", 5, "Grade how correct"),            # four grades + one retry; protege's prompt
+])
+def test_mmvet_scored_by_an_llm_grader(tmp_path, protocol, requests, prompt_start):
+    pytest.importorskip("lmms_eval")
     items = [BenchItem("mmvet", f"v1_{i}", "What colour are the shapes, and how many?", [], "red <AND> 3",
                        category="rec,math") for i in range(4)]
     preds = {"v1_0": "There are 3 red shapes.", "v1_1": "Two blue ones.", "v1_2": "ramble",
              "v1_3": "3 red circles"}
-    behaviour = ServerBehaviour(reply=grade)
+    seen: list[str] = []
+    behaviour = ServerBehaviour(reply=lambda prompt: seen.append(prompt) or grade(prompt))
     with serve_in_thread(behaviour) as url:
         spec = TeacherSpec(name="grader", backend="openai", model="grader", base_url=url, max_retries=0,
                            temperature=0.0)
         complete = completer_for(spec, tmp_path, seed=0)
         summary, rows, _ = score_benchmark("mmvet", items, {k: Prediction(k, v) for k, v in preds.items()},
-                                           complete=complete, n_boot=200)
+                                           protocol=protocol, complete=complete, n_boot=200)
     assert [r["score"] for r in rows] == [1.0, 0.0, 0.0, 1.0]
     assert summary["score"] == pytest.approx(50.0)
     assert rows[2]["note"] and "rule judge" not in rows[2]["note"]  # the rambling grade: retried, then 0
-    assert behaviour.counts["requests"] == 5                      # four grades + one retry
+    assert behaviour.counts["requests"] == requests
+    assert summary["protocol"].startswith(protocol)
+    assert seen and all(p.startswith(prompt_start) for p in seen)
 
 
 def test_mmvet_without_a_judge_says_it_is_not_comparable():

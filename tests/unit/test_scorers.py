@@ -12,7 +12,8 @@ from protege.eval.scorers.letters import (
     read_letter,
     vlmevalkit_letter,
 )
-from protege.eval.scorers.mmvet import RULE_NOTE, parse_grade, rule_grade
+from protege.eval.scorers.lmms_mathvista import edit_distance, normalize_extraction
+from protege.eval.scorers.mmvet import RULE_NOTE, lmms_parse_grade, parse_grade, rule_grade
 from protege.eval.stats import score_of
 
 FRUIT = {"A": "Apple", "B": "Pear", "C": "Plum", "D": "Fig"}
@@ -202,7 +203,7 @@ def test_circular_llm_fallback_one_batch_and_skips_failed_groups():
     # group 8: copy 1 already wrong, so its unreadable copy 2 is never sent.
     preds = ["A", "It is a cat", "the furry one", "hmm", "B", "no idea", "C", "B"]
     llm = FakeLLM(["C", "Z"])
-    scored = scorer_for("mmbench").score(items, preds, llm)
+    scored = scorer_for("mmbench", "lenient").score(items, preds, llm)
     assert len(llm.calls) == 1 and len(llm.calls[0]) == 2
     assert "Answer: the furry one" in llm.calls[0][0]
     assert [x.score for x in scored] == [1, 1, 1, 0, 0, 0, 1, 1]
@@ -210,6 +211,19 @@ def test_circular_llm_fallback_one_batch_and_skips_failed_groups():
     assert scored[5].note == "not matched: another copy already wrong"
     units = scorer_for("mmbench").units(items, scored)
     assert [u.score for u in units] == [0.0, 0.0]
+
+
+def test_circular_lmms_eval_judge_asks_three_times_with_its_prompt():
+    pytest.importorskip("lmms_eval")
+    items = _rotations("7")
+    llm = FakeLLM(["C", "Z"], ["nothing"], ["E"])
+    scored = scorer_for("mmbench").score(items, ["A", "It is a cat", "the furry one", "hmm"], llm)
+    assert [len(c) for c in llm.calls] == [2, 1, 1]
+    assert llm.calls[0][0].startswith("You are an AI assistant")
+    assert "Question: " + items[2].question + "?\nOptions: There are several options: \nA. " in llm.calls[0][0]
+    assert "Answer: the furry one\nYour output: " in llm.calls[0][0]
+    assert [x.note for x in scored[2:]] == ["llm match", "llm match"]
+    assert scored[3].extracted == "E" and scored[3].score == 0.0   # E = "none of them", never the gold
 
 
 def test_circular_without_complete_is_unmatched():
@@ -293,18 +307,23 @@ def test_mathvista_rules():
              mv("[2007, 2008]", atype="list", index="7"), mv("1200", index="8"), mv("5", index="9")]
     preds = ["5", "There are five apples.", "The value is 1.249.", "1.33", "(B)", "5 cm",
              "It peaks between [2007, 2008].", "The total is 1,200 dollars", ""]
-    out = scorer_for("mathvista").score(items, preds)
+    out = scorer_for("mathvista", "lenient").score(items, preds)
     assert [s.score for s in out] == [1, 1, 1, 1, 1, 1, 1, 1, 0]
     assert out[2].extracted == "1.25" and out[4].extracted == "5 cm"
     assert out[8].note == "empty response"
 
 
 def test_mathvista_without_complete_takes_last_number():
-    out = scorer_for("mathvista").score([mv("8")], ["First 3 then 5, so 8"])
+    out = scorer_for("mathvista", "lenient").score([mv("8")], ["First 3 then 5, so 8"])
     assert (out[0].score, out[0].note) == (1.0, "last number")
-    out = scorer_for("mathvista").score([mv("5 cm", "multi_choice", "text", choices=["3 cm", "5 cm"])],
-                                        ["I cannot tell"])
+    out = scorer_for("mathvista", "lenient").score([mv("5 cm", "multi_choice", "text", choices=["3 cm", "5 cm"])],
+                                                   ["I cannot tell"])
     assert (out[0].score, out[0].note) == (0.0, "no choice found")
+    # lmms-eval: the same rules stand in for its GPT extraction, and say so
+    out = scorer_for("mathvista").score([mv("8"), mv("5 cm", "multi_choice", "text", choices=["3 cm", "5 cm"],
+                                                     index="2")], ["First 3 then 5, so 8", "I cannot tell"])
+    assert [(o.score, o.note) for o in out] == [(1.0, "rules-only fallback, last number"),
+                                                (0.0, "rules-only fallback, no choice found, no choice found")]
 
 
 def test_mathvista_llm_extraction_one_batch():
@@ -312,12 +331,42 @@ def test_mathvista_llm_extraction_one_batch():
              mv("5 cm", "multi_choice", "text", choices=["3 cm", "5 cm"], index="4")]
     preds = ["2 plus 1 gives 3", "9", "Between 1 and 3 is 2", "Either could be right, maybe the larger"]
     llm = FakeLLM(["3", "Extracted answer: 2\nbecause", "B"])
-    out = scorer_for("mathvista").score(items, preds, llm)
+    out = scorer_for("mathvista", "lenient").score(items, preds, llm)
     assert len(llm.calls) == 1 and len(llm.calls[0]) == 3           # "9" was decided by rule
     assert "Model response: 2 plus 1 gives 3" in llm.calls[0][0]
     assert "Choices: (A) 3 cm (B) 5 cm" in llm.calls[0][2]
     assert [s.score for s in out] == [1.0, 0.0, 1.0, 1.0]
     assert out[0].note == "llm extraction" and out[1].note == ""
+
+
+def test_mathvista_lmms_eval_path():
+    pytest.importorskip("lmms_eval")
+    choices = ["3 cm", "5 cm", "7 cm"]
+    items = [mv("3", index="1"), mv("4", index="2"), mv("1.5", atype="float", precision=1, index="3"),
+             mv("5 cm", "multi_choice", "text", choices=choices, index="4"),
+             mv("7 cm", "multi_choice", "text", choices=choices, index="5"),
+             mv("3 cm", "multi_choice", "text", choices=choices, index="6")]
+    preds = ["2 plus 1 gives 3", " 4 ", "1.54", "(b) I think", "5 cm", ""]
+    llm = FakeLLM(["3", "(B) 5 cm"])   # "4" and "1.54" are plain numbers, "5 cm" a choice, "" empty
+    out = scorer_for("mathvista").score(items, preds, llm)
+    assert [len(c) for c in llm.calls] == [2]
+    assert llm.calls[0][0].endswith("Question: What is x?\n\n2 plus 1 gives 3\n\nExtracted answer: ")
+    assert [o.extracted for o in out] == ["3", "4", "1.5", "5 cm", "5 cm", "3 cm"]
+    # the empty answer maps to the choice nearest to "" (the shortest, first on ties): lmms-eval's quirk
+    assert [o.score for o in out] == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+
+
+def test_mathvista_lmms_normalisation_by_hand():
+    assert edit_distance("kitten", "sitting") == 3 and edit_distance("", "abc") == 3
+    assert normalize_extraction("(c) seven", ["a", "b", "c"], "multi_choice", "text", None) == "c"
+    assert normalize_extraction("seven", ["six", "seven!", "eight"], "multi_choice", "text", None) == "seven!"
+    assert normalize_extraction("2.7", [], "free_form", "integer", None) == "2"
+    assert normalize_extraction("1_000", [], "free_form", "integer", None) == "1000"
+    assert normalize_extraction("1,000", [], "free_form", "integer", None) is None
+    assert normalize_extraction("inf", [], "free_form", "integer", None) is None
+    assert normalize_extraction("1.456", [], "free_form", "float", 2) == "1.46"
+    assert normalize_extraction("2", [], "free_form", "float", 0) == "2.0"
+    assert normalize_extraction("[1, 2]", [], "free_form", "list", None) == "[1, 2]"
 
 
 # --- MMMU -------------------------------------------------------------------------------------------
@@ -387,13 +436,25 @@ def test_mmvet_rule_judge_note():
 def test_mmvet_judge_retries_unparsable_once():
     items = [open_item("mmvet_v2", "Paris<AND>Berlin", str(i), meta={"capability": ["rec", "ocr"]}) for i in range(3)]
     llm = FakeLLM(["0.5", "great answer", "2.0"], ["1.0", "still no"])
-    out = scorer_for("mmvet_v2").score(items, ["Paris", "Paris and Berlin", "Rome"], llm)
+    out = scorer_for("mmvet_v2", "lenient").score(items, ["Paris", "Paris and Berlin", "Rome"], llm)
     assert [len(c) for c in llm.calls] == [3, 2]
     assert "Paris <AND> Berlin | Paris |" in llm.calls[0][0]
     assert [s.score for s in out] == [0.5, 1.0, 0.0]
-    assert [s.note for s in out] == ["judge", "judge", "judge reply unparsable"]
+    assert [s.note for s in out] == ["judge", "judge", "judge reply unusable"]
     units = scorer_for("mmvet_v2").units(items, out)
     assert units[0].category == "rec,ocr"
+
+
+def test_mmvet_lmms_eval_reading_of_grades():
+    pytest.importorskip("lmms_eval")
+    assert [lmms_parse_grade(r) for r in ["0.5", " 1.0 because", "0.5\nbecause", "1e-1", "nan", "1.5", "-0"]] == [
+        0.5, 1.0, None, 0.1, None, None, 0.0]
+    items = [open_item("mmvet", "Paris<AND>Berlin", str(i)) for i in range(2)]
+    llm = FakeLLM(["0.5", "high"], ["x"], ["y"], ["0.3"])
+    out = scorer_for("mmvet").score(items, ["Paris ", "Rome"], llm)
+    assert [len(c) for c in llm.calls] == [2, 1, 1, 1]
+    assert llm.calls[0][0].endswith("\nQ? | Paris <AND> Berlin | Paris  |")   # nothing stripped
+    assert [s.score for s in out] == [0.5, 0.3]
 
 
 # --- registry ---------------------------------------------------------------------------------------

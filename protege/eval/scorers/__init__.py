@@ -1,9 +1,10 @@
 """Benchmark-protocol scorers: `scorer_for(benchmark, protocol)` -> a `Scorer`.
 
 Protocols:
-* "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task. All benchmarks but MathVista and
-  MM-Vet (MMBench on its rule path) follow it item by item (`lmms_choice`), held there by
-  tests/differential; those three still use the `lenient` scorers.
+* "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task, item by item, held there by
+  tests/differential. Where lmms-eval asks GPT (MMBench matching, MathVista extraction, the MM-Vet
+  grader) the configured judge gets lmms-eval's own prompt, read from the installed harness
+  (`harness_prompts`); without a judge, documented rules-only fallbacks.
 * "lenient": our generous reading (letters in more positions, option texts, number words, thousands
   separators), for knowing what the model knew rather than comparing with papers.
 * "vlmevalkit": VLMEvalKit's multiple-choice matching (multiple-choice benchmarks only).
@@ -26,6 +27,7 @@ from protege.eval.scorers.lmms_choice import (
     LmmsSeedBenchScorer,
 )
 from protege.eval.scorers.circular import CircularScorer
+from protege.eval.scorers.lmms_mathvista import LmmsMathVistaScorer
 from protege.eval.scorers.mathvista import MathVistaScorer
 from protege.eval.scorers.mmmu import MMMUProScorer, MMMUScorer
 from protege.eval.scorers.mmvet import MMVetScorer
@@ -57,8 +59,8 @@ _LENIENT: dict[str, Callable[[], Scorer]] = {
     "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lenient"),
     "chartqa": lambda: ChartQAScorer("chartqa"),
     "mathvista": lambda: MathVistaScorer("mathvista"),
-    "mmvet": lambda: MMVetScorer("mmvet"),
-    "mmvet_v2": lambda: MMVetScorer("mmvet_v2"),
+    "mmvet": lambda: MMVetScorer("mmvet", protocol="lenient"),
+    "mmvet_v2": lambda: MMVetScorer("mmvet_v2", protocol="lenient"),
 }
 MULTIPLE_CHOICE = ("ai2d", "mmstar", "realworldqa", "blink", "seedbench", "seedbench2_plus", "mmmu",
                     "mmmu_pro", "mmbench", "mmbench_cn")
@@ -68,14 +70,15 @@ _LMMS_EVAL: dict[str, Callable[[], Scorer]] = {
     "blink": LmmsBlinkScorer, "seedbench": lambda: LmmsSeedBenchScorer("seedbench"),
     "seedbench2_plus": lambda: LmmsSeedBenchScorer("seedbench2_plus"),
     "mmmu": LmmsMMMUScorer, "mmmu_pro": lambda: LmmsMMMUScorer("mmmu_pro"), "chartqa": LmmsChartQAScorer,
+    "mathvista": LmmsMathVistaScorer, "mmvet": MMVetScorer, "mmvet_v2": lambda: MMVetScorer("mmvet_v2"),
     "mmbench": lambda: CircularScorer("mmbench", "lmms-eval"),
     "mmbench_cn": lambda: CircularScorer("mmbench_cn", "lmms-eval")}
 
 
 def scorer_for(benchmark: str, protocol: str = "lmms-eval", grader_prompt: str | None = None) -> Scorer:
     """`grader_prompt`: MM-Vet / MM-Vet v2 only, the few-shot prefix of the grader (default: ours)."""
-    if benchmark in ("mmvet", "mmvet_v2") and grader_prompt and protocol == "lmms-eval":
-        return MMVetScorer(benchmark, grader_prompt)
+    if benchmark in ("mmvet", "mmvet_v2") and grader_prompt and protocol in ("lmms-eval", "lenient"):
+        return MMVetScorer(benchmark, grader_prompt, protocol)
     if benchmark not in _LMMS_EVAL:
         raise ValueError(f"unknown benchmark {benchmark!r}; known: {', '.join(BENCHMARKS)}")
     if protocol not in PROTOCOLS:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from protege.eval.items import BenchItem, Scored, Unit
 from protege.eval.scorers.base import Completer, ask, check_lengths
+from protege.eval.scorers.harness_prompts import lmms_eval_prompt
 from protege.eval.scorers.letters import (
     lmms_mmbench_letter,
     matching_prompt,
@@ -25,8 +26,10 @@ class CircularScorer:
     (lmms-eval: its `can_infer`, see `letters.lmms_mmbench_letter`; vlmevalkit: `can_infer`). As in the
     harness, a group with a copy already read wrong is 0 without asking anything; the copies of the
     other groups that no rule could read go to `complete` with an answer-matching prompt, all in one
-    batched call. Where the harness then picks a random letter (matcher failed three times), we score
-    the copy 0 with note "unmatched". With no `complete` under lmms-eval, the unread copies are read
+    batched call: under lmms-eval, 0.7.3's own `build_prompt` (read from the installed lmms-eval; the
+    question without its hint, options A-D) and its `can_infer` on the reply, asked up to three times;
+    otherwise protege's wording. Where the harness then picks a random letter, we score the copy 0
+    with note "unmatched". With no `complete` under lmms-eval, the unread copies are read
     as lmms-eval 0.7.3's rules-only evaluation reads them (`eval_sub_data(static_only=True)`:
     `extract_mcq_answer` over the question's option letters); under lenient, by `read_letter`.
     `units()` gives one unit per group (category and difficulty of the group's first copy); the
@@ -39,6 +42,7 @@ class CircularScorer:
         self.benchmark = benchmark
         self._read = lmms_mmbench_letter if protocol in ("lmms-eval", "lenient") else vlmevalkit_letter
         self._protocol = protocol
+        self._unmatched = "unmatched (lmms-eval draws a random letter)" if protocol == "lmms-eval" else "unmatched"
         self.protocol = (f"{protocol}: MMBench CircularEval, rule letter matching then LLM matching; "
                          "group right only if all copies are")
 
@@ -54,11 +58,12 @@ class CircularScorer:
             if r is None and group_key(items[i]) in failed:
                 notes[i] = "not matched: another copy already wrong"
         if complete is not None and pending:
-            replies = ask(complete, [matching_prompt(f"{items[i].hint} {items[i].question}".strip(),
-                                                     items[i].options, predictions[i] or "") for i in pending])
-            for i, reply in zip(pending, replies):
-                read[i] = read_matching_reply(reply, items[i].options)
-                notes[i] = "llm match" if read[i] else "unmatched"
+            prompts = {i: self._judge_prompt(items[i], predictions[i] or "") for i in pending}
+            for _ in range(3 if self._protocol == "lmms-eval" else 1):  # lmms-eval asks three times
+                for i, reply in zip(pending, ask(complete, [prompts[i] for i in pending])):
+                    read[i] = self._read_reply(reply, items[i].options)
+                    notes[i] = "llm match" if read[i] else self._unmatched
+                pending = [i for i in pending if read[i] is None]
         elif self._protocol in ("lmms-eval", "lenient"):
             for i in pending:
                 if self._protocol == "lmms-eval":
@@ -71,6 +76,22 @@ class CircularScorer:
                 notes[i] = "unmatched"
         return [Scored(it.index, r or "", float(r is not None and r == g), n)
                 for it, r, g, n in zip(items, read, golds, notes)]
+
+    def _judge_prompt(self, item: BenchItem, prediction: str) -> str:
+        if self._protocol != "lmms-eval":
+            return matching_prompt(f"{item.hint} {item.question}".strip(), item.options, prediction)
+        # lmms-eval 0.7.3 MMBench_Evaluator.build_option_str / build_prompt: options A-D up to the first gap
+        options = "There are several options: \n"
+        for letter in "ABCD":
+            if letter not in item.options:
+                break
+            options += f"{letter}. {item.options[letter]}\n"
+        return lmms_eval_prompt("mmbench").format(item.question, options, prediction)
+
+    def _read_reply(self, reply: str, options: dict[str, str]) -> str | None:
+        if self._protocol != "lmms-eval":
+            return read_matching_reply(reply, options)
+        return lmms_mmbench_letter(reply, {k: v for k, v in options.items() if k in "ABCD"})
 
     def units(self, items: list[BenchItem], scored: list[Scored]) -> list[Unit]:
         check_lengths(items, scored, "scores")

@@ -12,6 +12,7 @@ from protege.eval.scorers.base import (
     normalize_text,
     words_to_digits,
 )
+from protege.eval.scorers.harness_prompts import lmms_eval_prompt
 
 GRADER_PROMPT = """Grade how correct an AI model's answer is, compared with the ground truth. In the ground truth, \
 <AND> joins parts that must all appear in the answer for it to be fully right, and <OR> joins alternatives, any \
@@ -81,28 +82,60 @@ def rule_grade(answer: str, prediction: str) -> float:
     return 0.0
 
 
+def lmms_grader_prompt(item: BenchItem, prediction: str, prefix: str) -> str:
+    """lmms-eval 0.7.3 `mmvet_process_results`' query: nothing stripped or collapsed."""
+    gold = item.answer.replace("<AND>", " <AND> ").replace("<OR>", " <OR> ")
+    return f"{prefix}\n{item.question} | {gold} | {prediction} |"
+
+
+def lmms_parse_grade(reply: str) -> float | None:
+    """lmms-eval's reading of the grader's reply: the text before the first space, as Python's float(),
+    accepted in [0, 1]. lmms-eval asks again forever when the number is outside [0, 1] or NaN (a reference
+    bug); we treat it as unreadable."""
+    token = reply.strip().split(" ")[0].strip()
+    try:
+        value = float(token)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1.0 else None
+
+
+_GRADER_ATTEMPTS = 4  # lmms-eval retries at temperatures 0.5, 1.0, 1.5 and gives 0 at 2.0
+
+
 class MMVetScorer(ItemScorer):
     """MM-Vet (lmms-eval `mmvet`) / MM-Vet v2 (lmms-eval `mmvetv2`): a grader LLM completes a few-shot
-    table 'question | ground truth | prediction | correctness' (our wording of the MM-Vet grader, same
-    scale and <AND>/<OR> rules); the reply's first token must be a float in [0, 1]. Unparsable replies
-    are asked again once (one batched call for all of them; lmms-eval retries at a higher temperature),
-    then score 0 with note "judge reply unparsable". Benchmark score = mean x 100 (the report scales).
-    With `complete` None, `rule_grade` scores instead and every item is noted "rule judge: not
-    comparable to published MM-Vet". Units carry the item's category, else its capabilities.
+    table 'question | ground truth | prediction | correctness'; correctness is a float in [0, 1] and the
+    benchmark score the mean x 100 (the report scales). Units carry the item's category, else its
+    capabilities.
 
-    `grader_prompt` replaces our few-shot table with another prefix of the same shape, e.g. the text of
-    MM-Vet's own grader prompt read from the user's copy of the benchmark (evaluate.mmvet_grader_prompt):
-    numbers meant to sit next to published MM-Vet scores need the benchmark's own prompt."""
+    protocol "lmms-eval": lmms-eval 0.7.3's `mmvet_process_results` with its own MM_VET_PROMPT (read
+    from the installed lmms-eval, see `harness_prompts`), its query layout (`lmms_grader_prompt`) and
+    reply reading (`lmms_parse_grade`); an unusable reply is asked again, up to four asks in all, then
+    scores 0 (note "judge reply unusable"), as lmms-eval does when its temperature reaches 2.
+    protocol "lenient": protege's own wording of the grader (same scale and <AND>/<OR> rules) and
+    `parse_grade`; an unparsable reply is asked again once, then scores 0.
+    `grader_prompt` (evaluate.mmvet_grader_prompt, a user file) replaces the few-shot prefix under
+    either protocol. With `complete` None, `rule_grade` scores instead and every item is noted
+    "rule judge: not comparable to published MM-Vet" (lmms-eval itself would score 0 without its API)."""
 
-    def __init__(self, benchmark: str = "mmvet", grader_prompt: str | None = None):
-        self.prefix = grader_prompt or GRADER_PROMPT
-        wording = "MM-Vet's grader prompt (user file)" if grader_prompt else "protege's grader prompt"
-        super().__init__(benchmark, f"lmms-eval: {'mmvetv2' if benchmark == 'mmvet_v2' else 'mmvet'} "
-                                    f"LLM grader, correctness 0.0-1.0 with <AND>/<OR>, {wording}")
+    def __init__(self, benchmark: str = "mmvet", grader_prompt: str | None = None, protocol: str = "lmms-eval"):
+        self.user_prefix = grader_prompt
+        self.lmms = protocol == "lmms-eval"
+        wording = ("MM-Vet's grader prompt (user file)" if grader_prompt else
+                   "lmms-eval 0.7.3's MM_VET_PROMPT" if self.lmms else "protege's grader prompt")
+        task = "mmvetv2" if benchmark == "mmvet_v2" else "mmvet"
+        super().__init__(benchmark, f"{protocol}: {task} LLM grader, correctness 0.0-1.0 with <AND>/<OR>, "
+                                    f"{wording}")
 
     def unit_category(self, item: BenchItem) -> str:
         caps = item.meta.get("capability") or []
         return item.category or (",".join(caps) if isinstance(caps, list) else str(caps))
+
+    def prompt(self, item: BenchItem, prediction: str) -> str:
+        if self.lmms:
+            return lmms_grader_prompt(item, prediction, self.user_prefix or lmms_eval_prompt(self.benchmark))
+        return grader_prompt(item, prediction, self.user_prefix or GRADER_PROMPT)
 
     def score(self, items: list[BenchItem], predictions: list[str],
               complete: Completer | None = None) -> list[Scored]:
@@ -111,11 +144,14 @@ class MMVetScorer(ItemScorer):
         if complete is None:
             return [Scored(it.index, p.strip()[:200], rule_grade(it.answer, p), RULE_NOTE)
                     for it, p in zip(items, preds)]
-        prompts = [grader_prompt(it, p, self.prefix) for it, p in zip(items, preds)]
-        grades = [parse_grade(r) for r in ask(complete, prompts)]
-        retry = [i for i, g in enumerate(grades) if g is None]
-        for i, reply in zip(retry, ask(complete, [prompts[i] for i in retry])):
-            grades[i] = parse_grade(reply)
+        prompts = [self.prompt(it, p) for it, p in zip(items, preds)]
+        parse = lmms_parse_grade if self.lmms else parse_grade
+        grades: list[float | None] = [None] * len(items)
+        pending = list(range(len(items)))
+        for _ in range(_GRADER_ATTEMPTS if self.lmms else 2):
+            for i, reply in zip(pending, ask(complete, [prompts[i] for i in pending])):
+                grades[i] = parse(reply)
+            pending = [i for i in pending if grades[i] is None]
         return [Scored(it.index, p.strip()[:200], g if g is not None else 0.0,
-                       "judge" if g is not None else "judge reply unparsable")
+                       "judge" if g is not None else "judge reply unusable")
                 for it, p, g in zip(items, preds, grades)]
