@@ -212,7 +212,7 @@ class EvaluateConfig(Section):
     #                                                                         vlmevalkit: its multiple-choice matching
     judge: TeacherSpec | None = None           # MM-Vet grader + extraction fallback (openai/vllm); null: rules
     bootstrap: int = Field(1000, ge=100)       # resamples for the 95% confidence intervals
-    mmvet_grader_prompt: str | None = None     # MM-Vet's own grader prompt (a text file) for comparable scores
+    mmvet_grader_prompt: str | None = None     # a text file replacing the grader prompt (default: the protocol's own)
 
     @model_validator(mode="after")
     def _known_benchmarks(self) -> "EvaluateConfig":

@@ -10,9 +10,9 @@ from protege.eval.scorers.chartqa import relaxed_match
 from protege.eval.scorers.letters import (
     lmms_mmbench_letter,
     read_letter,
-    vlmevalkit_letter,
 )
 from protege.eval.scorers.lmms_mathvista import edit_distance, normalize_extraction
+from protege.eval.scorers.vlmevalkit_match import can_infer
 from protege.eval.scorers.mmvet import RULE_NOTE, lmms_parse_grade, parse_grade, rule_grade
 from protege.eval.stats import score_of
 
@@ -240,23 +240,51 @@ def test_lmms_mmbench_quantifier_guard():
 
 # --- VLMEvalKit protocol ----------------------------------------------------------------------------
 
-def test_vlmevalkit_token_and_text_matching():
-    assert vlmevalkit_letter("B", FRUIT) == "B"
-    assert vlmevalkit_letter("The answer is (C).", FRUIT) == "C"
-    assert vlmevalkit_letter("Apple", FRUIT) == "A"          # no letter token; option text
-    assert vlmevalkit_letter("A or B", FRUIT) is None         # two letter tokens, no option text
-    assert vlmevalkit_letter("b", FRUIT) is None              # lowercase is not a token match
+@pytest.mark.parametrize("answer, expected", [
+    # hand-checked against VLMEvalKit's matching_util rules at d21c5e96 (options: 16 characters in all)
+    ("B", "B"),
+    ("The answer is (C).", "C"),                  # tokens The/answer/is/C: C among the last four
+    ("**B**", "B"),
+    ("I think it is C", "C"),                     # five tokens, C last
+    ("C is correct here", "C"),                   # four tokens: any position
+    ("C is the correct one", None),               # five tokens, C first; no option text
+    ("B is my choice because the fruit is sweet and green", None),   # B too early; too long for texts
+    ("A or B", None),                             # two letters; no option text
+    ("b", None),                                  # lower case is not a letter token
+    ("the answer is b", "B"),                     # "answer is X" in any case
+    ("The answer is because Pear", "B"),          # the regex reads the b of "because" (VLMEvalKit quirk)
+    ("answer is e", None),                        # the regex takes A-D only
+    ("The correct answer is **D**, Fig", "D"),
+    ("Apple", "A"),                               # option text
+    ("Pineapple", "A"),                           # option text as a plain substring
+    ("pear or plum", None),                       # two option texts
+    ("A. Apple B. Pear", None),
+    ("答案是B", None), ("B。", None),               # no CJK punctuation handling
+    ("Cannot determine the answer from the image, maybe B", "Z"),   # a refusal sentence
+    ("Z", "Z"),
+    ("Failed to obtain answer via API", None),
+    ("", None),
+])
+def test_vlmevalkit_can_infer_by_hand(answer, expected):
+    assert can_infer(answer, dict(FRUIT)) == expected
+
+
+def test_vlmevalkit_fifth_option_and_mmbench_refusal():
+    assert can_infer("The answer is E", {**FRUIT, "E": "Kiwi"}) == "E"
+    items = [mc(index=str(i)) for i in range(2)]
+    out = scorer_for("ai2d", "vlmevalkit").score(items, ["Cannot determine the answer", "b"])
+    assert [(s.extracted, s.score, s.note) for s in out] == [("Z", 0.0, "refused (Z)"), ("", 0.0, "unmatched")]
 
 
 def test_vlmevalkit_llm_fallback_once():
     items = [mc(index=str(i)) for i in range(4)]
     preds = ["B", "A or B", "maybe the green one", "???"]
-    llm = FakeLLM(["A", "B", "Z"])
+    llm = FakeLLM(["A", "B", "Failed to obtain answer via API"], ["nothing"], ["C D"])
     out = scorer_for("seedbench", "vlmevalkit").score(items, preds, llm)
-    assert len(llm.calls) == 1 and len(llm.calls[0]) == 3              # "B" was matched by rule
+    assert [len(c) for c in llm.calls] == [3, 1, 1]                     # "B" was matched by rule
     assert "Answer: maybe the green one" in llm.calls[0][1]
     assert [s.score for s in out] == [1.0, 0.0, 1.0, 0.0]
-    assert [s.note for s in out] == ["", "llm match", "llm match", "unmatched"]
+    assert [s.note for s in out] == ["", "llm match", "llm match", "unmatched (VLMEvalKit draws a random letter)"]
 
 
 def test_vlmevalkit_without_complete():
@@ -264,9 +292,12 @@ def test_vlmevalkit_without_complete():
     assert [(s.score, s.note) for s in out] == [(0.0, "unmatched"), (1.0, "")]
 
 
-def test_vlmevalkit_mmmu_open_question_uses_mmmu_rule():
-    items = [open_item("mmmu", "42", meta={"question_type": "open"})]
-    assert scores("mmmu", items, ["The result is 42."], protocol="vlmevalkit") == [1.0]
+def test_vlmevalkit_mmmu_open_question_is_two_options():
+    # VLMEvalKit's MMMU_preproc: A = the gold answer, B = "Other Answers", gold A
+    items = [open_item("mmmu", "42", str(i), meta={"question_type": "open"}) for i in range(4)]
+    preds = ["The result is 42.", "A", "It is 42, not 41, since the area of the triangle is half base times height",
+             "B"]
+    assert scores("mmmu", items, preds, protocol="vlmevalkit") == [1.0, 1.0, 0.0, 0.0]
 
 
 # --- ChartQA ----------------------------------------------------------------------------------------

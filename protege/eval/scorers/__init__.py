@@ -7,7 +7,9 @@ Protocols:
   (`harness_prompts`); without a judge, documented rules-only fallbacks.
 * "lenient": our generous reading (letters in more positions, option texts, number words, thousands
   separators), for knowing what the model knew rather than comparing with papers.
-* "vlmevalkit": VLMEvalKit's multiple-choice matching (multiple-choice benchmarks only).
+* "vlmevalkit": VLMEvalKit's multiple-choice matching (`vlmevalkit_match.can_infer`, at the commit
+  named there), exact matching and CircularEval; multiple-choice benchmarks only (a suite-wide setting
+  scores the open benchmarks by their lmms-eval rule, see `suite_protocol`).
 No scorer draws random numbers: where a harness guesses a letter, we score 0 and say so in the note.
 """
 from __future__ import annotations

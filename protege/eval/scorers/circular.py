@@ -9,10 +9,10 @@ from protege.eval.scorers.letters import (
     matching_prompt,
     read_letter,
     read_matching_reply,
-    vlmevalkit_letter,
 )
 from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
 from protege.eval.scorers.multiple_choice import gold_letter
+from protege.eval.scorers.vlmevalkit_match import API_FAILURE, can_infer
 
 
 def group_key(item: BenchItem) -> str:
@@ -23,12 +23,14 @@ class CircularScorer:
     """CircularEval as both harnesses run it (lmms-eval's MMBench evaluator is a copy of VLMEvalKit's).
 
     Copies sharing `item.group` are rotations of one question. Each copy's letter is read by rule
-    (lmms-eval: its `can_infer`, see `letters.lmms_mmbench_letter`; vlmevalkit: `can_infer`). As in the
+    (lmms-eval: its `can_infer`, see `letters.lmms_mmbench_letter`; vlmevalkit: VLMEvalKit's current
+    `can_infer`, see `vlmevalkit_match`; a refusal reads "Z", which is wrong). As in the
     harness, a group with a copy already read wrong is 0 without asking anything; the copies of the
     other groups that no rule could read go to `complete` with an answer-matching prompt, all in one
     batched call: under lmms-eval, 0.7.3's own `build_prompt` (read from the installed lmms-eval; the
     question without its hint, options A-D) and its `can_infer` on the reply, asked up to three times;
-    otherwise protege's wording. Where the harness then picks a random letter, we score the copy 0
+    under vlmevalkit, protege's wording and VLMEvalKit's `can_infer` on the reply, three times; under
+    lenient, protege's wording, once. Where the harness then picks a random letter, we score the copy 0
     with note "unmatched". With no `complete` under lmms-eval, the unread copies are read
     as lmms-eval 0.7.3's rules-only evaluation reads them (`eval_sub_data(static_only=True)`:
     `extract_mcq_answer` over the question's option letters); under lenient, by `read_letter`.
@@ -40,9 +42,10 @@ class CircularScorer:
 
     def __init__(self, benchmark: str, protocol: str):
         self.benchmark = benchmark
-        self._read = lmms_mmbench_letter if protocol in ("lmms-eval", "lenient") else vlmevalkit_letter
+        self._read = lmms_mmbench_letter if protocol in ("lmms-eval", "lenient") else can_infer
         self._protocol = protocol
-        self._unmatched = "unmatched (lmms-eval draws a random letter)" if protocol == "lmms-eval" else "unmatched"
+        self._unmatched = {"lmms-eval": "unmatched (lmms-eval draws a random letter)",
+                           "vlmevalkit": "unmatched (VLMEvalKit draws a random letter)"}.get(protocol, "unmatched")
         self.protocol = (f"{protocol}: MMBench CircularEval, rule letter matching then LLM matching; "
                          "group right only if all copies are")
 
@@ -59,7 +62,7 @@ class CircularScorer:
                 notes[i] = "not matched: another copy already wrong"
         if complete is not None and pending:
             prompts = {i: self._judge_prompt(items[i], predictions[i] or "") for i in pending}
-            for _ in range(3 if self._protocol == "lmms-eval" else 1):  # lmms-eval asks three times
+            for _ in range(1 if self._protocol == "lenient" else 3):  # both harnesses ask three times
                 for i, reply in zip(pending, ask(complete, [prompts[i] for i in pending])):
                     read[i] = self._read_reply(reply, items[i].options)
                     notes[i] = "llm match" if read[i] else self._unmatched
@@ -89,7 +92,9 @@ class CircularScorer:
         return lmms_eval_prompt("mmbench").format(item.question, options, prediction)
 
     def _read_reply(self, reply: str, options: dict[str, str]) -> str | None:
-        if self._protocol != "lmms-eval":
+        if self._protocol == "vlmevalkit":
+            return None if API_FAILURE in reply else can_infer(reply, options)
+        if self._protocol == "lenient":
             return read_matching_reply(reply, options)
         return lmms_mmbench_letter(reply, {k: v for k, v in options.items() if k in "ABCD"})
 

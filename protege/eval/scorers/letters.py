@@ -19,10 +19,6 @@ Three readers:
 
   A letter read by rules 1-2 that is not among the options is "beyond options": no answer.
 
-* `vlmevalkit_letter` - VLMEvalKit's `can_infer`: punctuation to spaces, a letter counts if it is a
-  whitespace token; exactly one such option letter -> it; else exactly one option text contained
-  (plain lowercase substring) -> it; else unmatched.
-
 * `lmms_mmbench_letter` - lmms-eval 0.7.3's copy of that matcher in its MMBench evaluator: bare letter
   tokens among A-E, with its guard that a bare "A" in a response of more than 3 tokens may be the
   article, then punctuated forms ("B.", "(B)", ":B", ...), then the option text.
@@ -122,14 +118,6 @@ def contained_option_text(response: str, options: dict[str, str]) -> str | None:
     low = response.lower()
     hits = [k for k, v in options.items() if str(v).lower() and str(v).lower() in low]
     return hits[0] if len(hits) == 1 else None
-
-
-def vlmevalkit_letter(response: str, options: dict[str, str]) -> str | None:
-    splits = _vlmevalkit_tokens(response)
-    cands = [c for c in options if c in splits]
-    if len(cands) == 1:
-        return cands[0]
-    return contained_option_text(response, options)
 
 
 _MMBENCH_LETTERS = "ABCDE"  # can_infer_option's default num_choice=5

@@ -23,9 +23,8 @@ from protege.eval.scorers.letters import (
     matching_prompt,
     options_from_question,
     read_letter,
-    read_matching_reply,
-    vlmevalkit_letter,
 )
+from protege.eval.scorers.vlmevalkit_match import API_FAILURE, can_infer
 
 
 def gold_letter(item: BenchItem, options: dict[str, str]) -> str:
@@ -138,53 +137,61 @@ def open_answer(prediction: str, gold: str) -> tuple[str, bool]:
 
 
 class VLMEvalKitChoiceScorer(ItemScorer):
-    """VLMEvalKit multiple choice (`can_infer`, then its ChatGPT matching step): a letter counts when it
-    is a whitespace token after '.()[],:;!*#{}' become spaces; exactly one option letter -> it; else
-    exactly one option text contained in the response -> it; else the `complete` matcher if given
-    (one batched call), else score 0 with note "unmatched". Overall accuracy is the plain mean over
-    questions (micro). Questions without options (MMMU open, RealWorldQA open) are scored by the
-    benchmark's lmms-eval rule, passed in as `open_scorer`."""
+    """VLMEvalKit multiple choice (`vlmevalkit_match.can_infer`, at the commit named there; then, with a
+    judge, its matching step). "Z" (a refusal sentence, or a bare Z token) scores 0. Without a judge,
+    an unmatched answer is "Z" as under VLMEvalKit's `exact_matching` (0, note "unmatched"); with one,
+    protege's matching prompt (VLMEvalKit is not installed to read its own from) goes to `complete`, the
+    reply is read by `can_infer`, up to three asks, after which VLMEvalKit draws a random letter and we
+    score 0 (note "unmatched (VLMEvalKit draws a random letter)"). MMMU open questions become
+    VLMEvalKit's two-option question (A = the gold answer, B = "Other Answers", gold A). Other
+    questions without options (RealWorldQA open) are scored by `open_scorer`, the benchmark's lmms-eval
+    rule. Overall accuracy is the plain mean over questions (micro)."""
 
     def __init__(self, benchmark: str, open_scorer: ItemScorer):
-        super().__init__(benchmark, "vlmevalkit: can_infer token/text matching, LLM matching fallback")
+        super().__init__(benchmark, "vlmevalkit: can_infer (matching_util at d21c5e96) exact matching, "
+                                    "LLM matching with a judge")
         self.open_scorer = open_scorer
 
-    def options_of(self, item: BenchItem) -> dict[str, str]:
-        if isinstance(self.open_scorer, ChoiceScorer):
-            return self.open_scorer.options_of(item)
-        return item.options
+    def options_of(self, item: BenchItem) -> tuple[dict[str, str], str]:
+        """(options, gold letter); ({}, "") for a question VLMEvalKit does not score as multiple choice."""
+        options = self.open_scorer.options_of(item) if isinstance(self.open_scorer, ChoiceScorer) else item.options
+        if options:
+            return options, gold_letter(item, options)
+        if self.benchmark in ("mmmu", "mmmu_pro"):
+            return {"A": item.answer, "B": "Other Answers"}, "A"
+        return {}, ""
 
     def score(self, items: list[BenchItem], predictions: list[str],
               complete: Completer | None = None) -> list[Scored]:
         check_lengths(items, predictions, "predictions")
         out: list[Scored | None] = [None] * len(items)
-        open_at, undecided = [], []
+        open_at, pending = [], []
         for i, (item, pred) in enumerate(zip(items, predictions)):
-            options = self.options_of(item)
+            options, gold = self.options_of(item)
             if not options:
                 open_at.append(i)
                 continue
-            gold = gold_letter(item, options)
-            letter = vlmevalkit_letter(pred or "", options)
+            letter = can_infer(pred or "", options)
             if letter:
-                out[i] = Scored(item.index, letter, float(letter == gold))
+                out[i] = Scored(item.index, letter, float(letter == gold), "refused (Z)" if letter == "Z" else "")
             else:
-                undecided.append(i)
+                pending.append(i)
         if open_at:
             opened = self.open_scorer.score([items[i] for i in open_at], [predictions[i] for i in open_at],
                                             complete)
             for i, s in zip(open_at, opened):
                 out[i] = s
-        replies = [""] * len(undecided)
-        if complete is not None:
-            replies = ask(complete, [matching_prompt(items[i].question, self.options_of(items[i]),
-                                                     predictions[i] or "") for i in undecided])
-        for i, reply in zip(undecided, replies):
-            options = self.options_of(items[i])
-            letter = read_matching_reply(reply, options)
-            if letter:
-                out[i] = Scored(items[i].index, letter, float(letter == gold_letter(items[i], options)),
-                                "llm match")
-            else:
-                out[i] = Scored(items[i].index, "", 0.0, "unmatched")
+        if complete is not None and pending:
+            prompts = {i: matching_prompt(items[i].question, self.options_of(items[i])[0], predictions[i] or "")
+                       for i in pending}
+            for _ in range(3):
+                for i, reply in zip(pending, ask(complete, [prompts[i] for i in pending])):
+                    options, gold = self.options_of(items[i])
+                    letter = None if API_FAILURE in reply else can_infer(reply, options)
+                    if letter:
+                        out[i] = Scored(items[i].index, letter, float(letter == gold), "llm match")
+                pending = [i for i in pending if out[i] is None]
+        note = "unmatched (VLMEvalKit draws a random letter)" if complete is not None else "unmatched"
+        for i in pending:
+            out[i] = Scored(items[i].index, "", 0.0, note)
         return [s for s in out if s is not None]
