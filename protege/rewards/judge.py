@@ -1,15 +1,49 @@
-"""Rule-based judge: does a free-form response state the reference answer?
+"""Rule-based judge: does a response state the reference answer, once and without hedging?
 
-It extracts the *last* candidate the response commits to (option letter, number or word), so a
-response that lists several options or instructs the judge cannot talk its way into a match.
+The RL reward and the world accuracy both read answers through here, so a policy must not be able to
+talk its way into credit. A careful grader's reading, as rules:
+
+1. Text that asserts nothing is dropped: URLs and struck-through text (~~x~~, <s>, <del>, <strike>).
+2. A refusal ("I don't know", "cannot tell", "无法", ...) earns nothing, whatever it mentions.
+3. If the response states its answer explicitly ("the answer is", "Answer:", "final answer", "答案是"),
+   only the text after each such marker, up to the end of its sentence, counts.
+4. In that text every candidate mentioned counts as asserted unless a negation ("not", "n't", "no",
+   "never", "except", "rather than", "instead of", "other than", "不是") stands before it in the same
+   clause (clauses end at punctuation and at "but" / "however"). Option letters count as capital
+   letters standing alone, not "A" / "I" as English words ("A cat", "I think"); numbers count by
+   value, in digits or as words; other candidates case-insensitively as whole words, the longest
+   candidate winning where two overlap. For a numeric question every number stated is a value.
+5. Exactly one distinct candidate (or value) asserted is the answer; none or several (hedges such as
+   "A or B" or "3 or 4", lists of options, every option) is no answer.
+
+So listing every option, or every plausible value, never earns more than answering one.
 """
 from __future__ import annotations
 
 import re
 
 NUMBER_WORDS = {"zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
-                "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
-_NUM = re.compile(r"-?\d+(?:[.,]\d+)*")
+                "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
+                "thirteen": "13", "fourteen": "14", "fifteen": "15", "sixteen": "16", "seventeen": "17",
+                "eighteen": "18", "nineteen": "19", "twenty": "20"}
+
+_NOT_ASSERTED = re.compile(r"https?://\S+|www\.\S+|~~.*?~~|<(s|del|strike)>.*?</\1>", re.IGNORECASE | re.DOTALL)
+_REFUSAL = re.compile(
+    r"\b(?:i\s+(?:do\s+not|don't|dont)\s+know|not\s+sure|unsure|no\s+idea|"
+    r"(?:can\s*not|can't|cannot|unable\s+to|impossible\s+to|no\s+way\s+to)\s+(?:tell|determine|answer|say|see|"
+    r"know|decide|be\s+sure|identify|read|count)|i\s+(?:refuse|won't\s+answer|will\s+not\s+answer))\b"
+    r"|无法|不知道|不确定|不清楚", re.IGNORECASE)
+_MARKER = re.compile(r"(?:\bfinal\s+answer|\banswer\s+is|\banswer\s*[:：]|\banswer\s*=|答案\s*(?:是|为|：|:))",
+                     re.IGNORECASE)
+_SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|\n")
+_CLAUSE_END = re.compile(r"[,;:.!?，。；：！？\n]|\bbut\b|\bhowever\b|但是|而是", re.IGNORECASE)
+_NEGATION = re.compile(r"\b(?:not|no|never|neither|nor|except|excluding)\b|n't\b|\brather\s+than\b|"
+                       r"\binstead\s+of\b|\bother\s+than\b|不是|并非|而非", re.IGNORECASE)
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w]|\.\d)")
+_NUMBER_WORD = re.compile(r"\b(" + "|".join(NUMBER_WORDS) + r")\b", re.IGNORECASE)
+_LETTER_VERBS = {"is", "was", "seems", "looks", "appears", "matches", "fits", "corresponds", "would", "should",
+                 "must", "could", "might", "and", "or"}
+_NEXT_WORD = re.compile(r"\s+([a-z]+)")
 
 
 def _as_number(text: str) -> float | None:
@@ -21,38 +55,102 @@ def _as_number(text: str) -> float | None:
         return None
 
 
+def _scope(response: str) -> str | None:
+    """The text whose mentions count; None for a refusal."""
+    text = _NOT_ASSERTED.sub(" ", response)
+    if _REFUSAL.search(text):
+        return None
+    markers = list(_MARKER.finditer(text))
+    if markers:
+        segments = []
+        for m in markers:
+            after = text[m.end():].lstrip(" *:：\"'")
+            end = _SENTENCE_END.search(after)
+            segments.append(after[:end.start()] if end else after)
+        text = "\n".join(segments)
+    return text
+
+
+def _negated(text: str, start: int) -> bool:
+    clause_start = max((m.end() for m in _CLAUSE_END.finditer(text, 0, start)), default=0)
+    return any(m.end() <= start for m in _NEGATION.finditer(text, clause_start, start))
+
+
+def _is_english_word(text: str, m: re.Match) -> bool:
+    if m.group(0) not in ("A", "I"):
+        return False
+    nxt = _NEXT_WORD.match(text, m.end())
+    return bool(nxt) and nxt.group(1) not in _LETTER_VERBS
+
+
+def _mentions(text: str, candidates: list[str]) -> list[tuple[int, int, str]]:
+    """(start, end, candidate) for every mention, overlapping shorter mentions dropped."""
+    numeric = bool(candidates) and all(_as_number(c) is not None for c in candidates)
+    found: list[tuple[int, int, str]] = []
+    if numeric:
+        for m in _NUMBER.finditer(text):
+            found.append((m.start(), m.end(), m.group(0)))
+        for m in _NUMBER_WORD.finditer(text):
+            found.append((m.start(), m.end(), NUMBER_WORDS[m.group(1).lower()]))
+    else:
+        for cand in candidates:
+            if len(cand) == 1 and cand.isalpha() and cand.isupper():
+                for m in re.finditer(rf"(?<![A-Za-z0-9]){re.escape(cand)}(?![A-Za-z0-9])", text):
+                    if not _is_english_word(text, m):
+                        found.append((m.start(), m.end(), cand))
+            else:
+                for m in re.finditer(rf"(?<![\w.]){re.escape(cand)}(?!\w)", text, re.IGNORECASE):
+                    found.append((m.start(), m.end(), cand))
+    found.sort(key=lambda f: (f[0], -(f[1] - f[0])))
+    kept: list[tuple[int, int, str]] = []
+    for f in found:
+        if kept and f[0] < kept[-1][1]:
+            continue
+        kept.append(f)
+    return kept
+
+
+def _asserted(text: str, candidates: list[str]) -> set[str]:
+    values = set()
+    for start, _, cand in _mentions(text, candidates):
+        if _negated(text, start):
+            continue
+        number = _as_number(cand)
+        values.add(repr(number) if number is not None else cand.lower())
+    return values
+
+
 def extract(response: str, candidates: list[str]) -> str | None:
-    """The last candidate mentioned in the response (whole words, letters case-sensitive), or None."""
-    best, best_pos = None, -1
+    """The one candidate the response states, or None (nothing, several, a refusal)."""
+    text = _scope(response)
+    if text is None:
+        return None
+    asserted = _asserted(text, candidates)
+    if len(asserted) != 1:
+        return None
+    (only,) = asserted
     for cand in candidates:
-        if len(cand) == 1 and cand.isalpha() and cand.isupper():
-            pattern = rf"(?<![A-Za-z]){re.escape(cand)}(?![A-Za-z])"  # an option letter, not inside a word
-            flags = 0
-        else:
-            pattern = rf"(?<![\w.]){re.escape(cand)}(?![\w])"
-            flags = re.IGNORECASE
-        for m in re.finditer(pattern, response, flags):
-            if m.start() > best_pos:
-                best, best_pos = cand, m.start()
-        if _as_number(cand) is not None:
-            for word, digit in NUMBER_WORDS.items():
-                if digit == cand:
-                    for m in re.finditer(rf"\b{word}\b", response, re.IGNORECASE):
-                        if m.start() > best_pos:
-                            best, best_pos = cand, m.start()
-    return best
+        number = _as_number(cand)
+        if (repr(number) if number is not None else cand.lower()) == only:
+            return cand
+    return None  # a numeric question answered with a value outside the candidates
 
 
 def rule_judge(reference: str, response: str, candidates: list[str] | None = None, rel_tol: float = 1e-6) -> float:
-    """1.0 if the response's answer matches the reference, else 0.0."""
+    """1.0 if the response states the reference (and nothing else), else 0.0."""
     if candidates:
         return float(extract(response, candidates) == reference)
+    text = _scope(response)
+    if text is None:
+        return 0.0
     ref_num = _as_number(reference)
     if ref_num is not None:
-        found = _NUM.findall(response)
-        if not found:
+        values = {float(v) for v in _asserted(text, [reference])}
+        if len(values) != 1:
             return 0.0
-        got = _as_number(found[-1])
-        return float(got is not None and abs(got - ref_num) <= rel_tol * max(1.0, abs(ref_num)))
-    norm = lambda s: re.sub(r"[^\w\s]", "", s.lower()).split()
-    return float(norm(response) == norm(reference))
+        (got,) = values
+        return float(abs(got - ref_num) <= rel_tol * max(1.0, abs(ref_num)))
+
+    def norm(s: str) -> list[str]:
+        return re.sub(r"[^\w\s]", "", s.lower()).split()
+    return float(norm(text) == norm(reference) or norm(response) == norm(reference))
