@@ -6,29 +6,149 @@ to a default.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class ConfigError(ValueError):
     """A params file that cannot be used; the message is one line naming the key."""
 
 
+# ------------------------------------------------------------------------------------ reading YAML
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML with two rules a config needs: a key given twice is an error (PyYAML keeps the last one
+    silently), and only true / false are booleans (YAML 1.1 also reads yes / no / on / off as booleans,
+    which an int field would then take as 1 / 0)."""
+
+
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key, line: int, first_line: int):
+        super().__init__(key)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # PyYAML reports unhashable keys itself
+        if key in seen:
+            raise _DuplicateKey(key, key_node.start_mark.line + 1, seen[key])
+        seen[key] = key_node.start_mark.line + 1
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_yaml_file(path: str | Path, what: str = "params file") -> tuple[object, str]:
+    """(the parsed document, its text). ConfigError, one line naming the file and line, for a folder, a
+    missing or unreadable file, bytes that are not UTF-8, a YAML syntax error, a duplicate key or an
+    empty document."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; expected a {what} (YAML)")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such {what}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                          f"save the {what} as UTF-8") from None
+    try:
+        doc = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}:{exc.line}: duplicate key '{exc.key}' (first given at line {exc.first_line}); "
+                          "give each key once") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if doc is None:
+        raise ConfigError(f"{path}: the {what} is empty; write at least one section (copy the repository's "
+                          "params.yaml to start)")
+    return doc, text
+
+
+def key_line(text: str, loc: tuple) -> int | None:
+    """The line (1-based) of the key at `loc` (e.g. ('rl', 'lr')) in a YAML text, or of its deepest
+    existing parent; None when the text cannot be composed."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
+            if match is None:
+                break
+            line, node = match[0].start_mark.line + 1, match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+# ------------------------------------------------------------------------------------ the sections
+
+_INT_CEILING = 2**31 - 1  # any int above this in a params file is a typo
+
+
+def _allows_bool(annotation) -> bool:
+    if annotation is bool:
+        return True
+    return any(_allows_bool(a) for a in get_args(annotation))
+
+
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: an infinite or NaN number is never a setting
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value, info: ValidationInfo):
+        field = cls.model_fields[info.field_name]
+        if isinstance(value, bool) and not _allows_bool(field.annotation):
+            raise ValueError(f"expects {_type_name(field.annotation)}, got the boolean {str(value).lower()}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _INT_CEILING:
+            raise ValueError(f"{value} is out of range (at most {_INT_CEILING})")
+        return value
 
 
 class WorldConfig(Section):
     seed: int = 1234
-    n_train: int = Field(2400, ge=8)
-    n_rl: int = Field(320, ge=4)
-    n_val: int = Field(160, ge=4)      # held-out slice for learning curves during RL
-    n_test: int = Field(400, ge=4)
-    image_size: int = Field(64, ge=16)
-    vocab_size: int = Field(512, ge=300)
+    n_train: int = Field(2400, ge=8, le=10_000_000)
+    n_rl: int = Field(320, ge=4, le=10_000_000)
+    n_val: int = Field(160, ge=4, le=10_000_000)      # held-out slice for learning curves during RL
+    n_test: int = Field(400, ge=4, le=10_000_000)
+    image_size: int = Field(64, ge=16, le=4096)
+    vocab_size: int = Field(512, ge=300, le=1_000_000)
     # benchmark prompt formats the SFT pool never uses (the RL pool and the test split do): the formats
     # post-training must teach, e.g. [mmstar, mmvet]
     sft_held_out_formats: list[str] = []
@@ -45,17 +165,17 @@ class WorldConfig(Section):
 
 
 class ModelConfig(Section):
-    hidden_size: int = Field(64, ge=8)
-    num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(2, ge=1)
-    num_kv_heads: int = Field(1, ge=1)
-    intermediate_size: int = Field(256, ge=8)
-    vision_depth: int = Field(2, ge=1)
-    vision_embed_dim: int = Field(32, ge=8)
-    vision_heads: int = Field(2, ge=1)
-    patch_size: int = Field(8, ge=2)
-    merge_size: int = Field(2, ge=1)
-    initializer_range: float = Field(0.12, gt=0)
+    hidden_size: int = Field(64, ge=8, le=65_536)
+    num_layers: int = Field(2, ge=1, le=1024)
+    num_heads: int = Field(2, ge=1, le=1024)
+    num_kv_heads: int = Field(1, ge=1, le=1024)
+    intermediate_size: int = Field(256, ge=8, le=262_144)
+    vision_depth: int = Field(2, ge=1, le=1024)
+    vision_embed_dim: int = Field(32, ge=8, le=65_536)
+    vision_heads: int = Field(2, ge=1, le=1024)
+    patch_size: int = Field(8, ge=2, le=1024)
+    merge_size: int = Field(2, ge=1, le=64)
+    initializer_range: float = Field(0.12, gt=0, le=100)
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":
@@ -69,14 +189,14 @@ class ModelConfig(Section):
 
 
 class CurateConfig(Section):
-    max_tokens: int = Field(96, ge=8)            # prompt + image + answer tokens; longer rows are dropped
-    max_teacher_tokens: int = Field(48, ge=4)    # teacher answers longer than this leave the training view
-    select: int = Field(256, ge=1)               # questions kept for RL after log-prob sampling
+    max_tokens: int = Field(96, ge=8, le=1_000_000)            # prompt + image + answer tokens; longer rows are dropped
+    max_teacher_tokens: int = Field(48, ge=4, le=1_000_000)    # teacher answers longer than this leave the training view
+    select: int = Field(256, ge=1, le=10_000_000)               # questions kept for RL after log-prob sampling
     rule: Literal["softmax", "stratified", "lowest"] = "softmax"
-    tau: float = Field(0.5, gt=0)                # softmax temperature over -logprob
-    buckets: int = Field(4, ge=1)                # stratified: log-prob quantile buckets
+    tau: float = Field(0.5, gt=0, le=1000)                # softmax temperature over -logprob
+    buckets: int = Field(4, ge=1, le=1000)                # stratified: log-prob quantile buckets
     balance: bool = True                         # sample within (kind, answer) strata: answers stay balanced
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, le=1_000_000)
 
 
 class TeacherSpec(Section):
@@ -88,13 +208,13 @@ class TeacherSpec(Section):
     model: str | None = None
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
-    concurrency: int = Field(32, ge=1)
-    timeout_s: float = Field(60.0, gt=0)
-    max_retries: int = Field(5, ge=0)
-    temperature: float = Field(1.0, ge=0)
+    concurrency: int = Field(32, ge=1, le=4096)
+    timeout_s: float = Field(60.0, gt=0, le=86_400)
+    max_retries: int = Field(5, ge=0, le=100)
+    temperature: float = Field(1.0, ge=0, le=100)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(128, ge=1)
-    batch_size: int = Field(32, ge=1)
+    max_tokens: int = Field(128, ge=1, le=1_000_000)
+    batch_size: int = Field(32, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _backend_needs(self) -> "TeacherSpec":
@@ -109,7 +229,7 @@ class TeacherSpec(Section):
 
 class TeachersConfig(Section):
     pool: list[TeacherSpec] = [TeacherSpec(name="concise"), TeacherSpec(name="verbose")]
-    answers_per_question: int = Field(4, ge=1)
+    answers_per_question: int = Field(4, ge=1, le=1024)
     error_rate: float = Field(0.1, ge=0, le=1)  # scripted teachers only
 
     @model_validator(mode="after")
@@ -125,51 +245,51 @@ class TeachersConfig(Section):
 
 
 class SFTConfig(Section):
-    steps: int = Field(300, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(2e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    steps: int = Field(300, ge=1, le=10_000_000)
+    batch_size: int = Field(32, ge=1, le=1_000_000)
+    lr: float = Field(2e-3, gt=0, le=10)
+    weight_decay: float = Field(0.0, ge=0, le=100)
     schedule: Literal["constant", "cosine"] = "cosine"  # cosine: decays to 10% of lr by the last step
-    warmup_steps: int = Field(0, ge=0)
-    log_every: int = Field(20, ge=1)
+    warmup_steps: int = Field(0, ge=0, le=10_000_000)
+    log_every: int = Field(20, ge=1, le=10_000_000)
 
 
 class SamplingConfig(Section):
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, le=100)
     top_p: float = Field(0.95, gt=0, le=1)
-    top_k: int = Field(50, ge=0)
-    max_new_tokens: int = Field(16, ge=1)
+    top_k: int = Field(50, ge=0, le=1_000_000)
+    max_new_tokens: int = Field(16, ge=1, le=1_000_000)
 
 
 class RolloutsConfig(SamplingConfig):
-    samples_per_question: int = Field(4, ge=1)
+    samples_per_question: int = Field(4, ge=1, le=1024)
 
 
 class DiscPretrainConfig(Section):
-    steps: int = Field(60, ge=1)
-    batch_size: int = Field(32, ge=2)
-    lr: float = Field(1e-3, gt=0)
+    steps: int = Field(60, ge=1, le=10_000_000)
+    batch_size: int = Field(32, ge=2, le=1_000_000)
+    lr: float = Field(1e-3, gt=0, le=10)
     holdout_fraction: float = Field(0.2, gt=0, lt=1)
 
 
 class RLConfig(SamplingConfig):
     algorithm: Literal["dr_grpo", "grpo", "ril"] = "dr_grpo"
-    steps: int = Field(40, ge=1)
-    questions_per_step: int = Field(8, ge=1)
-    group_size: int = Field(4, ge=2)
-    lr: float = Field(5e-5, gt=0)
+    steps: int = Field(40, ge=1, le=10_000_000)
+    questions_per_step: int = Field(8, ge=1, le=1_000_000)
+    group_size: int = Field(4, ge=2, le=1024)
+    lr: float = Field(5e-5, gt=0, le=10)
     clip_eps: float = Field(0.2, gt=0, lt=1)
-    kl_beta: float = Field(0.04, ge=0)
-    repetition_penalty: float = Field(1.05, gt=0)
+    kl_beta: float = Field(0.04, ge=0, le=1000)
+    repetition_penalty: float = Field(1.05, gt=0, le=100)
     trainable: Literal["attention+embeddings+head", "all", "attention"] = "attention+embeddings+head"
-    save_every: int = Field(10, ge=1)
+    save_every: int = Field(10, ge=1, le=10_000_000)
     # RIL (algorithm: ril) and its ablations
-    w_sim: float = Field(1.0, ge=0)               # weight of the discriminator similarity reward
-    w_answer: float = Field(1.0, ge=0)            # weight of the judge's correctness reward
+    w_sim: float = Field(1.0, ge=0, le=1000)               # weight of the discriminator similarity reward
+    w_answer: float = Field(1.0, ge=0, le=1000)            # weight of the judge's correctness reward
     similarity: str = Field("binary", pattern=r"^(binary|continuous|levels:[0-9]+)$")
     discriminator: Literal["updated", "fixed"] = "updated"
-    disc_updates: int = Field(1, ge=0)            # mu_d: discriminator updates per step
-    disc_lr: float = Field(1e-4, gt=0)
+    disc_updates: int = Field(1, ge=0, le=1000)            # mu_d: discriminator updates per step
+    disc_lr: float = Field(1e-4, gt=0, le=10)
     teachers: str = Field("both", min_length=1)   # "both" (every teacher) or one teacher's name
     teacher_in_group: bool = True                 # off: teacher answers train D but are not in the group
     judge: Literal["rule", "llm"] = "rule"
@@ -180,8 +300,8 @@ class RLConfig(SamplingConfig):
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     offload_idle: bool = True                     # reference model / discriminator on the device only while used
     # learning curve: greedy accuracy on the world's val split at step 0, every eval_every steps and at the end
-    eval_every: int = Field(10, ge=0)             # 0: no learning curve
-    eval_items: int = Field(160, ge=1)            # val rows used (the first ones)
+    eval_every: int = Field(10, ge=0, le=10_000_000)             # 0: no learning curve
+    eval_items: int = Field(160, ge=1)            # val rows used (the first ones, le=10_000_000)
     # the rl_baseline stage: the same run (seed, steps, lr, group size, ...) with this algorithm; null: none
     baseline: Literal["dr_grpo", "grpo", "ril"] | None = "dr_grpo"
 
@@ -204,14 +324,14 @@ class MergeConfig(Section):
 class EvaluateConfig(Section):
     """`benchmarks: mini` evaluates on the world's 14 mini benchmarks; a map NAME: PATH reads real files
     (VLMEvalKit .tsv, lmms-eval .parquet, MM-Vet .json) from those paths instead; nothing is downloaded."""
-    batch_size: int = Field(64, ge=1)
-    max_new_tokens: int = Field(16, ge=1)
+    batch_size: int = Field(64, ge=1, le=1_000_000)
+    max_new_tokens: int = Field(16, ge=1, le=1_000_000)
     benchmarks: Literal["mini"] | dict[str, str] = "mini"
-    mini_items: int = Field(24, ge=4)          # items per mini benchmark (MMBench: / 4 questions x 4 copies)
+    mini_items: int = Field(24, ge=4)          # items per mini benchmark (MMBench: / 4 questions x 4 copies, le=1_000_000)
     protocol: Literal["lmms-eval", "lenient", "vlmevalkit"] = "lmms-eval"  # lenient: our generous reading;
     #                                                                         vlmevalkit: its multiple-choice matching
     judge: TeacherSpec | None = None           # MM-Vet grader + extraction fallback (openai/vllm); null: rules
-    bootstrap: int = Field(1000, ge=100)       # resamples for the 95% confidence intervals
+    bootstrap: int = Field(1000, ge=100, le=1_000_000)       # resamples for the 95% confidence intervals
     mmvet_grader_prompt: str | None = None     # a text file replacing the grader prompt (default: the protocol's own)
 
     @model_validator(mode="after")
@@ -230,12 +350,12 @@ class EvaluateConfig(Section):
 
 class PromoteConfig(Section):
     model_name: str = Field("protege-student", min_length=1)
-    margin: float = Field(0.0, ge=0)           # points of the benchmark average the candidate must gain
+    margin: float = Field(0.0, ge=0, le=100)           # points of the benchmark average the candidate must gain
 
 
 class Config(Section):
     seed: int = 0
-    threads: int = Field(1, ge=0)  # torch threads per stage process; 0: torch's default (all cores)
+    threads: int = Field(1, ge=0, le=4096)  # torch threads per stage process; 0: torch's default (all cores, le=4096)
     world: WorldConfig = WorldConfig()
     model: ModelConfig = ModelConfig()
     curate: CurateConfig = CurateConfig()
@@ -274,10 +394,26 @@ def _expected(model: type[BaseModel], loc: tuple) -> str:
     return _type_name(field.annotation) if field is not None else "?"
 
 
-def _one_line(path: Path, err: ValidationError) -> str:
+def _is_section(model: type[BaseModel], loc: tuple) -> bool:
+    current = model
+    for part in loc:
+        field = current.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return False
+        ann = field.annotation
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return False
+        current = ann
+    return True
+
+
+def _one_line(path: Path, err: ValidationError, text: str = "") -> str:
     first = err.errors()[0]
     loc = tuple(first["loc"])
     key = ".".join(str(p) for p in loc) or "<root>"
+    line = key_line(text, loc) if text else None
+    if line is not None:
+        path = f"{path}:{line}"
     if first["type"] == "extra_forbidden":
         parent = Config
         for part in loc[:-1]:
@@ -285,7 +421,9 @@ def _one_line(path: Path, err: ValidationError) -> str:
         allowed = ", ".join(parent.model_fields)
         msg = f"{path}: unknown key '{key}' (allowed here: {allowed})"
     elif first["type"] in {"value_error", "assertion_error"}:
-        msg = f"{path}: {first['msg'].removeprefix('Value error, ')}"
+        text_msg = first["msg"].removeprefix("Value error, ")
+        leaf = _expected(Config, loc) not in ("?",) and loc and not _is_section(Config, loc)
+        msg = f"{path}: key '{key}' {text_msg}" if leaf else f"{path}: {text_msg}"
     else:
         got = first.get("input")
         msg = (f"{path}: key '{key}' expects {_expected(Config, loc)}: {first['msg']}"
@@ -294,17 +432,22 @@ def _one_line(path: Path, err: ValidationError) -> str:
     return msg + (f" [and {more} more problem(s)]" if more else "")
 
 
+def read_params(path: str | Path) -> tuple[dict, str]:
+    """(the params mapping, its text), read strictly (see `read_yaml_file`)."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        raise ConfigError(f"{path}: no such params file (run from the project root or pass --params)")
+    raw, text = read_yaml_file(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}:1: expected a mapping of sections (world:, sft:, rl:, ...) at the top level, "
+                          f"got {type(raw).__name__}")
+    return raw, text
+
+
 def load_config(path: str | Path = "params.yaml") -> Config:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: no such params file (run from the project root or pass --params)")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    raw, text = read_params(path)
     try:
         return Config.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_one_line(path, err)) from None
+        raise ConfigError(_one_line(path, err, text)) from None

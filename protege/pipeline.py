@@ -76,7 +76,9 @@ def headline_metrics(project_dir: str | Path) -> dict[str, float]:
 def missing_dag_params(project_dir: str | Path, params_file: str = "params.yaml") -> list[str]:
     """Keys that dvc.yaml tracks but the params file leaves to defaults (DVC refuses to run those stages)."""
     project_dir = Path(project_dir)
-    params = yaml.safe_load((project_dir / params_file).read_text()) or {}
+    from protege.config import read_params
+
+    params, _ = read_params(project_dir / params_file)
     stages = yaml.safe_load((project_dir / "dvc.yaml").read_text())["stages"]
     missing = []
     for spec in stages.values():

@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from protege.config import Config, ConfigError, _expected, load_config
+from protege.config import Config, ConfigError, _expected, load_config, read_params, read_yaml_file
 from protege.eval.items import BENCHMARKS
 
 NAME = r"^[A-Za-z0-9_.-]+$"
@@ -296,10 +295,7 @@ def load_study(path: str | Path, project: str | Path = ".") -> Study:
     path, project = Path(path), Path(project).resolve()
     if not path.is_file():
         raise ConfigError(f"{path}: no such study file")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    raw, _ = read_yaml_file(path, "study file")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping (seeds, baseline, variants, ...) at the top level")
     if isinstance(raw.get("seeds"), list) and not raw["seeds"]:
@@ -333,7 +329,7 @@ def load_study(path: str | Path, project: str | Path = ".") -> Study:
 
     params_file = project / "params.yaml"
     load_config(params_file)  # the project's own params must be valid first (its message names that file)
-    params = yaml.safe_load(params_file.read_text()) or {}
+    params, _ = read_params(params_file)
     common = expand(spec.common, "common", path)
     _check_sections(common, "common", path)
     variants = {}
