@@ -44,14 +44,17 @@ def data_import(input: Path = typer.Option(..., "--input", help="a LLaVA-style .
                 name: str = typer.Option("train", help="table name (train, rl, test, ...)"),
                 fmt: str = typer.Option("", "--format", help="llava | parquet (default: from the file suffix)"),
                 images: Path = typer.Option(None, help="folder that image paths are relative to (default: the "
-                                                       "input's folder)")) -> None:
+                                                       "input's folder); paths may not lead out of it"),
+                allow_outside_images: bool = typer.Option(False, "--allow-outside-images",
+                                                          help="also read absolute image paths and paths that "
+                                                               "lead out of --images (symlinks included)")) -> None:
     """Import a dataset into protege's question-row schema, validated by its Great Expectations suite."""
     from protege.data.importers import import_dataset
     from protege.errors import UserFacingError
 
     fmt = fmt or ("parquet" if input.suffix == ".parquet" else "llava")
     try:
-        res = import_dataset(input, fmt, out, name, images)
+        res = import_dataset(input, fmt, out, name, images, allow_outside_images)
     except UserFacingError as exc:
         _fail(str(exc), code=1)
     typer.echo(f"{input}: {res.rows_read} rows read, {res.duplicates_dropped} duplicates dropped, "

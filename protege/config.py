@@ -190,7 +190,7 @@ class ModelConfig(Section):
 
 class CurateConfig(Section):
     max_tokens: int = Field(96, ge=8, le=1_000_000)            # prompt + image + answer tokens; longer rows are dropped
-    max_teacher_tokens: int = Field(48, ge=4, le=1_000_000)    # teacher answers longer than this leave the training view
+    max_teacher_tokens: int = Field(48, ge=4, le=1_000_000)  # longer teacher answers leave the training view
     select: int = Field(256, ge=1, le=10_000_000)               # questions kept for RL after log-prob sampling
     rule: Literal["softmax", "stratified", "lowest"] = "softmax"
     tau: float = Field(0.5, gt=0, le=1000)                # softmax temperature over -logprob
@@ -301,7 +301,7 @@ class RLConfig(SamplingConfig):
     offload_idle: bool = True                     # reference model / discriminator on the device only while used
     # learning curve: greedy accuracy on the world's val split at step 0, every eval_every steps and at the end
     eval_every: int = Field(10, ge=0, le=10_000_000)             # 0: no learning curve
-    eval_items: int = Field(160, ge=1)            # val rows used (the first ones, le=10_000_000)
+    eval_items: int = Field(160, ge=1, le=10_000_000)  # val rows used (the first ones)
     # the rl_baseline stage: the same run (seed, steps, lr, group size, ...) with this algorithm; null: none
     baseline: Literal["dr_grpo", "grpo", "ril"] | None = "dr_grpo"
 
@@ -327,7 +327,7 @@ class EvaluateConfig(Section):
     batch_size: int = Field(64, ge=1, le=1_000_000)
     max_new_tokens: int = Field(16, ge=1, le=1_000_000)
     benchmarks: Literal["mini"] | dict[str, str] = "mini"
-    mini_items: int = Field(24, ge=4)          # items per mini benchmark (MMBench: / 4 questions x 4 copies, le=1_000_000)
+    mini_items: int = Field(24, ge=4, le=1_000_000)  # items per mini benchmark (MMBench: / 4 questions x 4 copies)
     protocol: Literal["lmms-eval", "lenient", "vlmevalkit"] = "lmms-eval"  # lenient: our generous reading;
     #                                                                         vlmevalkit: its multiple-choice matching
     judge: TeacherSpec | None = None           # MM-Vet grader + extraction fallback (openai/vllm); null: rules
@@ -355,7 +355,7 @@ class PromoteConfig(Section):
 
 class Config(Section):
     seed: int = 0
-    threads: int = Field(1, ge=0, le=4096)  # torch threads per stage process; 0: torch's default (all cores, le=4096)
+    threads: int = Field(1, ge=0, le=4096)  # torch threads per stage process; 0: torch's default (all cores)
     world: WorldConfig = WorldConfig()
     model: ModelConfig = ModelConfig()
     curate: CurateConfig = CurateConfig()

@@ -3,7 +3,9 @@
 Both produce the question-row schema (protege.data.schemas): one row per (image, question) turn, images
 copied once under OUT/images/<sha256>.<ext>, rows deduplicated by (image hash, question). Every source
 row is kept long enough to be validated, so a bad row is reported by its file and line, not skipped in
-silence; a table that fails its suite is not written (only its validation report is).
+silence. Nothing is written under OUT (images included) until the whole file validates. Image paths
+resolve inside the images folder (symlinks followed); absolute paths and paths leading out of it are
+refused unless the user allows them.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import binascii
 import hashlib
 import json
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from protege.data.schemas import QUESTION_ROWS
 from protege.data.validate import (
     DatasetInvalid,
     answer_in_options,
-    image_checks,
+    image_bytes_checks,
     run_suite,
 )
 
@@ -40,8 +43,19 @@ class ImportResult:
     images_written: int
 
 
-def _image_bytes(value, image_root: Path) -> tuple[bytes | None, str]:
-    """Bytes of an image given as a path, a data URL, raw base64, bytes, or a {'bytes'|'path'} dict."""
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def _image_bytes(value, image_root: Path, allow_outside: bool = False) -> tuple[bytes | None, str]:
+    """Bytes of an image given as a path, a data URL, raw base64, bytes, or a {'bytes'|'path'} dict.
+
+    A path must resolve (symlinks followed) inside `image_root` and may not be absolute, unless
+    `allow_outside`: a dataset must not be able to copy arbitrary files of this machine into the output."""
     if isinstance(value, dict):
         value = value.get("bytes") or value.get("path")
     if value is None or (isinstance(value, float) and pd.isna(value)):
@@ -49,28 +63,54 @@ def _image_bytes(value, image_root: Path) -> tuple[bytes | None, str]:
     if isinstance(value, (bytes, bytearray)):
         return bytes(value), ""
     if not isinstance(value, str) or not value.strip():
-        return None, "no image given"
+        return None, f"no image given (got {type(value).__name__})" if not isinstance(value, str) else "no image given"
     value = value.strip()
     if value.startswith("data:"):
         try:
             return base64.b64decode(value.split(",", 1)[1], validate=True), ""
         except (binascii.Error, IndexError):
             return None, "data URL is not valid base64"
-    path = Path(value) if Path(value).is_absolute() else image_root / value
-    if len(value) < 1024 and path.exists():
-        return path.read_bytes(), ""
+    if len(value) < 1024:
+        given = Path(value)
+        if given.is_absolute() and not allow_outside:
+            if given.exists():
+                return None, f"absolute image path {value!r} refused (pass --allow-outside-images to read it)"
+        else:
+            path = given if given.is_absolute() else image_root / given
+            if path.exists() or path.is_symlink():
+                resolved = path.resolve()
+                if not allow_outside and not _inside(resolved, image_root.resolve()):
+                    return None, (f"image path {value!r} resolves to {resolved}, outside {image_root} "
+                                  "(pass --allow-outside-images to read it)")
+                if resolved.is_dir():
+                    return None, f"image path {value!r} is a folder, not an image file"
+                if not resolved.exists():
+                    return None, f"image path {value!r} is a broken link"
+                try:
+                    return resolved.read_bytes(), ""
+                except OSError as exc:
+                    return None, f"image path {value!r} cannot be read ({exc.strerror or exc})"
     if len(value) >= 64 and re.fullmatch(r"[A-Za-z0-9+/=\s]+", value):
         try:
             return base64.b64decode(value, validate=False), ""
         except binascii.Error:
             pass
-    return None, f"image file not found: {path}"
+    return None, f"image file not found: {value if Path(value).is_absolute() else image_root / value}"
 
 
 def _turns(conversations) -> list[tuple[str, str]]:
-    """(question, answer) for each human turn followed by an assistant turn."""
+    """(question, answer) for each human turn followed by an assistant turn; ValueError for a shape
+    that is not a list of turn objects."""
+    if conversations is None:
+        return []
+    if not isinstance(conversations, list):
+        raise ValueError(f"'conversations' is a {type(conversations).__name__}; expected a list of "
+                         "{\"from\": ..., \"value\": ...} turns")
     pairs, pending = [], None
-    for msg in conversations or []:
+    for n, msg in enumerate(conversations):
+        if not isinstance(msg, dict):
+            raise ValueError(f"conversations[{n}] is a {type(msg).__name__}; expected an object with 'from' and "
+                             "'value'")
         who = str(msg.get("from", msg.get("role", ""))).lower()
         text = msg.get("value", msg.get("content", ""))
         text = text if isinstance(text, str) else ""
@@ -93,7 +133,8 @@ def _read_conversation_records(path: Path) -> list[tuple[str, dict | None, str]]
             label = f"{path.name}:{n}"
             try:
                 rec = json.loads(line.decode("utf-8"))
-                out.append((label, rec if isinstance(rec, dict) else None, "" if isinstance(rec, dict) else "not an object"))
+                ok = isinstance(rec, dict)
+                out.append((label, rec if ok else None, "" if ok else "not an object"))
             except UnicodeDecodeError as exc:
                 out.append((label, None, f"not UTF-8 (byte {exc.start})"))
             except json.JSONDecodeError as exc:
@@ -118,8 +159,15 @@ def conversations_frame(path: Path, image_root: Path) -> pd.DataFrame:
             rows.append({"id": None, "question": None, "answer": None, "image_value": None, "source": label,
                          "parsed": False, "parse_error": error})
             continue
-        turns = _turns(rec.get("conversations") or rec.get("messages"))
         image = rec.get("image") if rec.get("image") is not None else (rec.get("images") or [None])[0]
+        try:
+            turns = _turns(rec["conversations"] if "conversations" in rec else rec.get("messages"))
+        except ValueError as exc:
+            rows.append({"id": rec.get("id"), "question": None, "answer": None, "image_value": image, "source": label,
+                         "parsed": False, "parse_error": str(exc)})
+            continue
+        if isinstance(image, list):
+            image = image[0] if image else None
         if not turns:
             rows.append({"id": rec.get("id"), "question": None, "answer": None, "image_value": image, "source": label,
                          "parsed": False, "parse_error": "no human/assistant turn pair"})
@@ -132,7 +180,11 @@ def conversations_frame(path: Path, image_root: Path) -> pd.DataFrame:
 
 
 def parquet_frame(path: Path, image_root: Path) -> pd.DataFrame:
-    df = pd.read_parquet(path)
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for bytes that are not parquet
+        raise DatasetInvalid(f"{path}: not a readable parquet table ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}); expected a parquet file") from None
     missing = [c for c in ("id", "question", "answer", "image") if c not in df.columns]
     if missing:
         raise DatasetInvalid(f"{path}: missing column(s) {missing}; expected id, question, answer, image "
@@ -146,70 +198,102 @@ def parquet_frame(path: Path, image_root: Path) -> pd.DataFrame:
     return out
 
 
-def materialise(frame: pd.DataFrame, image_root: Path, out_dir: Path) -> tuple[pd.DataFrame, int, int]:
-    """Writes images by content hash, resolves paths, adds the derived check columns, deduplicates."""
-    images = out_dir / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    written: set[str] = set()
-    paths, hashes, notes = [], [], []
+def materialise(frame: pd.DataFrame, image_root: Path, allow_outside: bool = False
+                ) -> tuple[pd.DataFrame, int, dict[str, bytes]]:
+    """Reads every image into memory (nothing is written yet), adds the derived check columns,
+    deduplicates. Returns (rows, duplicates dropped, image bytes by content path)."""
+    blobs: dict[str, bytes] = {}
+    paths, hashes, notes, readable, size_ok = [], [], [], [], []
     for value in frame["image_value"]:
-        data, note = _image_bytes(value, image_root)
+        data, note = _image_bytes(value, image_root, allow_outside)
         if data is None:
             paths.append("")
             hashes.append("")
             notes.append(note)
+            readable.append(False)
+            size_ok.append(True)
             continue
+        decodes, fits, why = image_bytes_checks(data)
         digest = hashlib.sha256(data).hexdigest()
         rel = f"images/{digest}{sniff_ext(data)}"
-        if digest not in written and not (out_dir / rel).exists():
-            (out_dir / rel).write_bytes(data)
-            written.add(digest)
+        if decodes and fits:
+            blobs[rel] = data
         paths.append(rel)
         hashes.append(digest)
-        notes.append("")
-    df = frame.drop(columns=["image_value"]).assign(image=paths, image_sha256=hashes, image_note=notes)
+        notes.append(why)
+        readable.append(decodes)
+        size_ok.append(fits)
+    df = frame.drop(columns=["image_value"]).assign(image=paths, image_sha256=hashes, image_note=notes,
+                                                    image_readable=readable, image_size_ok=size_ok)
     before = len(df)
     # identical (image, question) pairs are one example; rows without a parse are kept for the report
     key = df["image_sha256"] + "\x00" + df["question"].fillna("").astype(str)
     dup = key.duplicated() & df["parsed"] & (df["image_sha256"] != "")
     df = df[~dup].reset_index(drop=True)
-    table = out_dir / "table.parquet"  # image paths are relative to the table's folder, i.e. out_dir
-    checks = [image_checks(table, rel) if rel else (False, True) for rel in df["image"]]
-    df["image_readable"] = [c[0] for c in checks]
-    df["image_size_ok"] = [c[1] for c in checks]
-    df["answer_in_options"] = [answer_in_options(a, o) for a, o in zip(df["answer"], df.get("options", ""))]
+    options = df["options"] if "options" in df else [""] * len(df)
+    df["answer_in_options"] = [answer_in_options(a, o) for a, o in zip(df["answer"], options)]
     for col in ("question", "answer"):
         df[col] = df[col].map(lambda v: v.strip() if isinstance(v, str) else v)
-    return df, before - len(df), len(written)
+    return df, before - len(df), blobs
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
 
 
 def import_dataset(path: str | Path, fmt: str, out_dir: str | Path, name: str,
-                   image_root: str | Path | None = None) -> ImportResult:
-    """Imports, validates and writes OUT/NAME.parquet (+ OUT/NAME.validation.json); raises on a bad dataset."""
+                   image_root: str | Path | None = None, allow_outside_images: bool = False) -> ImportResult:
+    """Imports and validates a dataset, then writes OUT/NAME.parquet, OUT/images/ and
+    OUT/NAME.validation.json. A rejected dataset writes nothing under OUT (its validation report goes
+    to a temporary folder named in the error)."""
     path, out_dir = Path(path), Path(out_dir)
     if not path.exists():
         raise DatasetInvalid(f"{path}: file not found")
+    if path.is_dir():
+        raise DatasetInvalid(f"{path}: is a folder; expected a .json/.jsonl conversation file or a .parquet table")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise DatasetInvalid(f"table name {name!r}: use letters, digits, '_', '.' and '-' only")
     image_root = Path(image_root) if image_root else path.parent
+    if not image_root.is_dir():
+        raise DatasetInvalid(f"{image_root}: the images folder does not exist")
     readers = {"llava": conversations_frame, "parquet": parquet_frame}
     if fmt not in readers:
         raise DatasetInvalid(f"unknown format {fmt!r}; expected one of {sorted(readers)}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DatasetInvalid(f"{out_dir}: exists and is not a folder")
     frame = readers[fmt](path, image_root)
+    if frame.empty:
+        raise DatasetInvalid(f"{path}: no rows; expected at least one "
+                             + ("conversation record" if fmt == "llava" else "row after the header"))
     rows_read = len(frame)
-    df, dropped, n_images = materialise(frame, image_root, out_dir)
+    df, dropped, blobs = materialise(frame, image_root, allow_outside_images)
     report, failures = run_suite({str(path): df}, QUESTION_ROWS)
-    report.update({"rows_read": rows_read, "duplicates_dropped": dropped, "images_written": n_images})
-    report_path = out_dir / f"{name}.validation.json"
-    report_path.write_text(json.dumps(report, indent=2, default=str))
+    report.update({"rows_read": rows_read, "duplicates_dropped": dropped, "images_written": 0})
     if failures:
+        report_path = Path(tempfile.mkdtemp(prefix="protege-import-")) / f"{name}.validation.json"
+        report_path.write_text(json.dumps(report, indent=2, default=str))
         notes = {s: e for s, e in zip(df["source"], df["parse_error"]) if e}
         notes.update({s: n for s, n, ok in zip(df["source"], df["image_note"], df["parsed"]) if n and ok})
         lines = [f.line() for f in failures]
         details = [f"  {s}: {n}" for s, n in list(notes.items())[:10]]
-        raise DatasetInvalid(f"{path}: {len(failures)} expectation(s) failed; nothing written "
-                             f"(report: {report_path})\n" + "\n".join(lines + (["details:"] + details if details else [])))
+        raise DatasetInvalid(f"{path}: {len(failures)} expectation(s) failed; nothing written to {out_dir} "
+                             f"(report: {report_path})\n"
+                             + "\n".join(lines + (["details:"] + details if details else [])))
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    written = 0
+    for rel, data in blobs.items():
+        if not (out_dir / rel).exists():
+            _write_atomically(out_dir / rel, data)
+            written += 1
+    report["images_written"] = written
     table = out_dir / f"{name}.parquet"
     columns = ["id", "question", "answer", "image", "image_sha256", "kind", "options", "source"]
     df = df.assign(candidates="[]", split=name, difficulty=0)
-    df[columns + ["candidates", "split", "difficulty"]].to_parquet(table, index=False)
-    return ImportResult(table, report_path, rows_read, len(df), dropped, n_images)
+    tmp_table = table.with_name(f".{table.name}.tmp")
+    df[columns + ["candidates", "split", "difficulty"]].to_parquet(tmp_table, index=False)
+    tmp_table.replace(table)
+    report_path = out_dir / f"{name}.validation.json"
+    _write_atomically(report_path, json.dumps(report, indent=2, default=str).encode())
+    return ImportResult(table, report_path, rows_read, len(df), dropped, written)

@@ -7,6 +7,7 @@ then expects to be True like any other column. A failure names the file, the col
 """
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,29 @@ class Failure:
         return f"{self.file}: column '{self.column}' failed {self.expectation} in {self.count} row(s): {shown}{more}"
 
 
+MAX_IMAGE_PIXELS = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE
+
+
+def image_bytes_checks(data: bytes) -> tuple[bool, bool, str]:
+    """(decodes, size within limits, why not) for encoded image bytes. The size comes from the header
+    before any pixel is decoded, so an image too large (a decompression bomb included) is reported as
+    too large and never decoded."""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            w, h = im.size
+            if max(w, h) > MAX_IMAGE_SIDE or w * h > MAX_IMAGE_PIXELS:
+                return True, False, f"too large: {w}x{h} px (at most {MAX_IMAGE_SIDE} px a side)"
+            im.load()  # decode the pixels: verify() alone misses truncated files
+    except Image.DecompressionBombError:
+        return True, False, (f"too large: its header claims more than {2 * Image.MAX_IMAGE_PIXELS} pixels "
+                             "(a decompression bomb?)")
+    except Exception as exc:  # PIL raises many types for bytes that are not an image
+        return False, True, f"does not decode as an image ({type(exc).__name__})"
+    if min(w, h) < MIN_IMAGE_SIDE:
+        return True, False, f"too small: {w}x{h} px (at least {MIN_IMAGE_SIDE} px a side)"
+    return True, True, ""
+
+
 def image_checks(table: Path, rel) -> tuple[bool, bool]:
     """(decodes, size within limits) for one image path relative to the table.
 
@@ -56,12 +80,11 @@ def image_checks(table: Path, rel) -> tuple[bool, bool]:
     if not isinstance(rel, str) or not rel:
         return False, True
     try:
-        with Image.open(image_path(table, rel)) as im:
-            im.load()  # decode the pixels: verify() alone misses truncated files
-            w, h = im.size
-        return True, MIN_IMAGE_SIDE <= min(w, h) and max(w, h) <= MAX_IMAGE_SIDE
-    except Exception:
+        data = image_path(table, rel).read_bytes()
+    except OSError:
         return False, True
+    decodes, size_ok, _ = image_bytes_checks(data)
+    return decodes, size_ok
 
 
 def row_image_checks(table: Path, rel, extra) -> tuple[bool, bool]:
@@ -84,7 +107,8 @@ def answer_in_options(answer, options_json) -> bool:
         return False
     if not options:
         return True
-    return isinstance(answer, str) and answer.strip() in OPTION_LETTERS[: len(options)]
+    # exactly one listed letter: "BC" or "" is not an option even though "ABCD" contains it
+    return isinstance(answer, str) and answer.strip() in set(OPTION_LETTERS[: len(options)])
 
 
 def question_frame(path: Path) -> pd.DataFrame:

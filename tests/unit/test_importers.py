@@ -2,6 +2,8 @@
 import base64
 import io
 import json
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -69,8 +71,9 @@ def test_every_bad_row_is_named(tmp_path, image_dir):
     with pytest.raises(DatasetInvalid) as err:
         import_dataset(src, "llava", tmp_path / "out", "bad", image_root=image_dir)
     msg = str(err.value)
-    assert "nothing written" in msg and not (tmp_path / "out" / "bad.parquet").exists()
-    assert (tmp_path / "out" / "bad.validation.json").exists()
+    assert "nothing written" in msg and not (tmp_path / "out").exists()     # not even the images of good rows
+    report = re.search(r"report: (\S+)\)", msg).group(1)
+    assert json.loads(Path(report).read_text())["success"] is False
     assert "bad.jsonl:2" in msg and "image file not found" in msg            # missing image, by line
     assert "bad.jsonl:3" in msg and "not UTF-8" in msg                       # non-UTF-8 line
     assert "column 'answer'" in msg and "id='empty'" in msg                  # empty answer
