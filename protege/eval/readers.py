@@ -115,6 +115,8 @@ PROBLEMS = {
     "answer": ("answer", "a gold answer letter naming one of the row's filled options"),
     "choice": ("answer", "a gold answer equal to one of the row's choices"),
     "index": ("index", "index values unique within the file"),
+    "no_index": ("index", "a non-empty index"),
+    "gold": ("answer", "a non-empty gold answer"),
     "parse": ("options / choices", "a readable list literal"),
 }
 
@@ -693,6 +695,9 @@ def read_benchmark(name: str, path: str | Path, fmt: str | None = None) -> list[
 
 
 def _validate(name: str, path: Path, rows: list[_Row]) -> list[BenchItem]:
+    if not rows:
+        raise UserFacingError(f"{path}: the {name} benchmark file has no rows (a header only?); expected at "
+                              "least one question")
     problems = _Problems(str(path))
     base_dir = path if path.is_dir() else path.parent
     decoded: dict = {}
@@ -700,6 +705,10 @@ def _validate(name: str, path: Path, rows: list[_Row]) -> list[BenchItem]:
         item = row.item
         for kind, detail in row.problems:
             problems.add(kind, item.row, item.index, detail)
+        if not str(item.index).strip():
+            problems.add("no_index", item.row, item.index)
+        if not str(item.answer).strip() and not any(k in ("answer", "choice") for k, _ in row.problems):
+            problems.add("gold", item.row, item.index)
         if not row.raw_images:
             problems.add("image", item.row, item.index, f"no image in column '{row.image_column}'")
         for k, raw in enumerate(row.raw_images):

@@ -36,7 +36,12 @@ def read_predictions(path: str | Path) -> dict[str, Prediction]:
                               '{"index": ..., "prediction": "..."})')
     preds: dict[str, Prediction] = {}
     problems = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(f"line {n}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})")
+            continue
         if not line.strip():
             continue
         try:
