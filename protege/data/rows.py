@@ -13,6 +13,8 @@ from pathlib import Path
 import pandas as pd
 from PIL import Image
 
+from protege.errors import UserFacingError
+
 REQUIRED_COLUMNS = ("id", "question", "answer", "image")
 
 
@@ -26,15 +28,28 @@ class Row:
     image: Image.Image | list[Image.Image]  # one image, or the list of a question's images in order
 
 
-def read_table(path: str | Path) -> pd.DataFrame:
+def read_parquet_table(path: str | Path, required: tuple[str, ...], what: str = "dataset") -> pd.DataFrame:
+    """A parquet table a stage reads; UserFacingError naming the file for a missing file, a folder,
+    bytes that are not parquet, or a missing column."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: dataset file not found")
-    df = pd.read_parquet(path)
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+        raise UserFacingError(f"{path}: {what} file not found")
+    if path.is_dir():
+        raise UserFacingError(f"{path}: is a folder; expected a {what} parquet file")
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for bytes that are not parquet
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UserFacingError(f"{path}: not a readable parquet file ({type(exc).__name__}: {first}); "
+                              f"expected the {what} table") from None
+    missing = [c for c in required if c not in df.columns]
     if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; expected at least {list(REQUIRED_COLUMNS)}")
+        raise UserFacingError(f"{path}: missing column(s) {missing}; the {what} table needs {list(required)}")
     return df
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    return read_parquet_table(path, REQUIRED_COLUMNS)
 
 
 def image_path(table_path: str | Path, rel: str) -> Path:

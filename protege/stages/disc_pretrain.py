@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 
 from protege.config import Config
-from protege.data.rows import load_rows
+from protege.data.rows import load_rows, read_parquet_table
 from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
 from protege.paths import (
@@ -33,9 +33,10 @@ def run(cfg: Config, root: Path, run) -> None:
     for rel, ctx in ((ROLLOUTS, "student_answers"), (TEACHER_ANSWERS, "teacher_answers"), (SFT_MODEL, "init")):
         run.log_input(rel, context=ctx)
     rows = {r.id: r for r in load_rows(root / CURATED_RL)}
-    student = pd.read_parquet(root / ROLLOUTS)
+    student = read_parquet_table(root / ROLLOUTS, ("question_id", "answer"), "student rollouts")
     student = student[student["question_id"].isin(rows)]
-    teacher = balanced_teacher_answers(pd.read_parquet(root / TEACHER_ANSWERS), student, cfg.seed)
+    teacher = balanced_teacher_answers(read_parquet_table(root / TEACHER_ANSWERS, ("question_id", "teacher", "answer"),
+                                                          "teacher answers"), student, cfg.seed)
     examples = [Example(qid, rows[qid].question, rows[qid].image, ans, label)
                 for frame, label in ((student, 1.0), (teacher, 0.0))
                 for qid, ans in zip(frame["question_id"], frame["answer"])]

@@ -18,7 +18,7 @@ import pandas as pd
 
 from protege import tracking
 from protege.config import Config
-from protege.data.rows import Row, load_rows
+from protege.data.rows import Row, load_rows, read_parquet_table
 from protege.eval.accuracy import evaluate_rows
 from protege.models.discriminator import Discriminator
 from protege.models.student import load_student
@@ -69,7 +69,7 @@ def teacher_answers(root: Path) -> dict[str, list[tuple[str, str]]]:
     if not path.exists():
         return {}
     out: dict[str, list[tuple[str, str]]] = {}
-    df = pd.read_parquet(path)
+    df = read_parquet_table(path, ("question_id", "teacher", "answer"), "teacher answers")
     for qid, teacher, text in zip(df["question_id"], df["teacher"], df["answer"]):
         out.setdefault(qid, []).append((teacher, text))
     return out
