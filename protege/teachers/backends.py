@@ -119,9 +119,9 @@ class TransformersTeacher:
 
         self.model, self.processor = load_student(self.model_path)
         if not self.revision:  # the weights' hash: a retrained checkpoint is a new teacher revision
-            from protege.teachers.cache import file_sha256
+            from protege.teachers.cache import weights_digest
 
-            self.revision = file_sha256(Path(self.model_path) / "model.safetensors")[:16]
+            self.revision = weights_digest(self.model_path)
 
     def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
         import torch
@@ -168,8 +168,11 @@ class VLLMTeacher:
             from vllm import LLM
         except ImportError as exc:
             raise RuntimeError("the vllm teacher backend needs vLLM on a CUDA machine: pip install 'protege[gpu]'") from exc
+        if not self.revision:  # the weights' hash, not the path: retrained weights at one path are asked anew
+            from protege.teachers.cache import weights_digest
+
+            self.revision = weights_digest(self.model_path)
         self.llm = LLM(model=str(self.model_path), **self.engine_kwargs)
-        self.revision = self.revision or str(self.model_path)
 
     def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
         from PIL import Image

@@ -2,10 +2,13 @@
 
 Key = sha256(teacher id + revision, rendered prompt, image hashes, sampling params, sample index).
 Layout: ROOT/<teacher>/shard-NNNNNN.parquet, each written to a temp file and renamed (so a shard is
-whole or absent), plus ROOT/<teacher>/index.json with every shard's sha256 and row count. On load a
-shard whose bytes do not match the index, or that does not parse, is moved to ROOT/<teacher>/corrupt/
-and its keys count as missing, so they are requested again. A shard that landed after the last index
-write (a kill between the two renames) is verified by parsing and adopted.
+whole or absent), plus ROOT/<teacher>/index.json with every shard's sha256 and row count. Each shard
+also carries, in its parquet metadata, its teacher and a digest of its answers. On load a shard whose
+bytes do not match the index, or that does not parse, is moved to ROOT/<teacher>/corrupt/ and its keys
+count as missing, so they are requested again. A shard missing from the index (a kill between the two
+renames, or an index deleted or malformed, which is then rebuilt) is adopted only if its metadata
+proves the cache wrote it for this teacher and its answers are unedited; any other parquet file in the
+folder is quarantined the same way.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from protege.errors import UserFacingError
 from protege.teachers.backends import Outcome, TeacherAnswer, TeacherBackend, TeacherFailure, TeacherRequest
@@ -45,7 +50,57 @@ def cache_key(teacher: str, revision: str, prompt: str, image_hashes: Iterable[s
 
 
 def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def weights_digest(folder: str | Path) -> str:
+    """What decides a local model's answers: the bytes of its weights (every *.safetensors file) and of
+    its JSON configs (model, generation, tokenizer, processor). Retrained weights at the same path are a
+    new revision, so they are asked again."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json"))
+    if not any(p.suffix == ".safetensors" for p in files):
+        raise UserFacingError(f"{folder}: no *.safetensors weights; a model teacher needs a local checkpoint folder")
+    parts = [(p.name, file_sha256(p)) for p in files]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def _content_digest(df: pd.DataFrame) -> str:
+    """A digest of a shard's answers, stored inside the shard: the cache adopts a shard without an index
+    entry only if it carries this and its rows still match it."""
+    rows = df[["key", "teacher", "revision", "question_id", "sample_index", "answer"]].astype(str).values.tolist()
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+_SHARD_META = b"protege.teacher_cache"
+
+
+def _write_shard(path: Path, df: pd.DataFrame, teacher: str) -> None:
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[_SHARD_META] = json.dumps({"teacher": teacher, "content_sha256": _content_digest(df)}).encode()
+    pq.write_table(table.replace_schema_metadata(meta), path)
+
+
+def _read_own_shard(path: Path, teacher: str) -> pd.DataFrame:
+    """A shard this cache wrote for `teacher`; ValueError for anything else (a foreign or edited file)."""
+    table = pq.read_table(path)
+    raw = (table.schema.metadata or {}).get(_SHARD_META)
+    if raw is None:
+        raise ValueError("not a shard written by protege's teacher cache (no cache metadata)")
+    meta = json.loads(raw)
+    df = table.to_pandas()
+    if list(df.columns) != COLUMNS:
+        raise ValueError(f"columns {list(df.columns)}; a shard has {COLUMNS}")
+    if meta.get("teacher") != teacher or set(df["teacher"].astype(str)) - {teacher}:
+        raise ValueError(f"written for teacher {meta.get('teacher')!r}, not {teacher!r}")
+    if meta.get("content_sha256") != _content_digest(df):
+        raise ValueError("its answers differ from what the cache wrote (edited)")
+    return df
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -67,13 +122,22 @@ class TeacherCache:
 
     # ---- reading -------------------------------------------------------------------------------------
     def _index(self, teacher: str) -> dict:
+        """The index, or an empty one when it is missing or malformed (it is then rebuilt from the shards
+        that prove they were written by this cache)."""
         p = self.folder(teacher) / INDEX
         if not p.exists():
             return {"shards": {}}
         try:
-            return json.loads(p.read_text())
-        except json.JSONDecodeError:  # the index is rebuilt from the shards themselves
-            return {"shards": {}}
+            index = json.loads(p.read_text(encoding="utf-8"))
+            shards = index["shards"]
+            if not isinstance(shards, dict) or not all(
+                    isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("sha256"), str)
+                    and isinstance(v.get("rows"), int) for k, v in shards.items()):
+                raise ValueError("'shards' is not a map of {sha256, rows}")
+            return {"shards": dict(shards)}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            print(f"teacher cache: {p} is malformed ({type(exc).__name__}: {exc}); rebuilding it from the shards")
+            return {"shards": {}, "rebuilt": True}
 
     def _write_index(self, teacher: str, index: dict) -> None:
         _write_atomic(self.folder(teacher) / INDEX, lambda p: p.write_text(json.dumps(index, indent=1)))
@@ -86,22 +150,28 @@ class TeacherCache:
         index = self._index(teacher)
         for stale in folder.glob(".*.tmp"):  # a write killed before its rename: never part of the cache
             stale.unlink()
-        frames, changed = [], False
-        for shard in sorted(folder.glob("shard-*.parquet")):
+        frames, changed = [], bool(index.pop("rebuilt", False))
+        for shard in sorted(folder.glob("*.parquet")):
             entry = index["shards"].get(shard.name)
             digest = file_sha256(shard)
             try:
+                if not shard.name.startswith("shard-"):
+                    raise ValueError("not named like a cache shard")
                 if entry is not None and entry["sha256"] != digest:
                     raise ValueError("checksum differs from the index")
-                df = pd.read_parquet(shard)
-                if entry is not None and len(df) != entry["rows"]:
-                    raise ValueError("row count differs from the index")
-            except Exception as exc:  # torn, truncated or edited: its keys will be asked again
+                if entry is not None:
+                    df = pd.read_parquet(shard)
+                    if len(df) != entry["rows"]:
+                        raise ValueError("row count differs from the index")
+                else:  # not in the index: adopted only if it proves it is one of ours, unedited
+                    df = _read_own_shard(shard, teacher)
+            except Exception as exc:  # torn, truncated, edited or foreign: its keys will be asked again
                 (folder / "corrupt").mkdir(exist_ok=True)
                 os.replace(shard, folder / "corrupt" / shard.name)
                 index["shards"].pop(shard.name, None)
                 changed = True
-                print(f"teacher cache: {shard} is corrupt ({exc}); moved to corrupt/, its keys will be re-requested")
+                print(f"teacher cache: {shard} rejected ({exc}); moved to {folder / 'corrupt'}, its keys will be "
+                      "requested again")
                 continue
             if entry is None:
                 index["shards"][shard.name] = {"sha256": digest, "rows": len(df)}
@@ -124,7 +194,7 @@ class TeacherCache:
         folder.mkdir(parents=True, exist_ok=True)
         taken = [int(name.split("-")[1].split(".")[0]) for name in index["shards"]]
         shard = folder / f"shard-{max(taken, default=-1) + 1:06d}.parquet"
-        _write_atomic(shard, lambda p: pd.DataFrame(rows, columns=COLUMNS).to_parquet(p, index=False))
+        _write_atomic(shard, lambda p: _write_shard(p, pd.DataFrame(rows, columns=COLUMNS), teacher))
         index["shards"][shard.name] = {"sha256": file_sha256(shard), "rows": len(rows)}
         self._write_index(teacher, index)
 

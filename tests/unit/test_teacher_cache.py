@@ -111,3 +111,16 @@ def test_backoff_grows_exponentially_with_jitter():
     for a, w in enumerate(waits):
         assert 0.5 * 2 ** a <= w < 1.5 * 2 ** a
     assert t.backoff(20) < 150
+
+
+def test_changing_a_scripted_teachers_error_rate_or_seed_asks_it_again(tmp_path):
+    revisions = {ScriptedTeacher("concise", e, s).revision for e, s in ((0.1, 0), (0.3, 0), (0.1, 1))}
+    assert len(revisions) == 3
+    cache = TeacherCache(tmp_path)
+    for error_rate in (0.0, 1.0):
+        teacher = Counting("concise", error_rate, 0)
+        reqs = [TeacherRequest(cache_key("concise", teacher.revision, f"prompt {i}", "img", {}, 0), f"q{i}",
+                               f"prompt {i}", None, "count", "2", ("1", "2", "3"), 0) for i in range(4)]
+        assert cache.fill(teacher, reqs)["requested"] == 4
+    answers = cache.load("concise").groupby("revision")["answer"].apply(set).tolist()
+    assert sorted(map(sorted, answers)) != [["2"], ["2"]]   # error rate 1.0 never says the gold "2"
