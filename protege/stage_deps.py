@@ -1,0 +1,127 @@
+"""What each pipeline stage really depends on: the protege source files it can import and the params it
+reads, found by reading the code (ast), so a test can hold dvc.yaml to it and `dvc status` never calls
+stale outputs up to date.
+
+Code: the stage module (`protege/stages/<name>.py`), what runs every stage (`protege/stages/__init__.py`,
+`protege/tracking.py`, `protege/config.py`) and every protege module they import, at any depth, including
+imports inside functions. `protege/cli.py` is left out: its `stage` command only parses arguments and
+dispatches. Params: every `cfg.<section>.<key>` the stage modules read (a section used whole, as in
+`c = cfg.rl`, means all of it). `threads` (torch's thread count) changes speed, not results,
+and is not a dependency.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+ROOT_NAMES = ("cfg", "config")  # how stage code names the Config it is handed
+RUNNER = ("stages/__init__.py", "tracking.py", "config.py")
+NOT_RESULTS = {"threads"}
+
+
+def _module_file(name: str) -> Path | None:
+    parts = name.split(".")
+    if parts[0] != "protege":
+        return None
+    base = PACKAGE.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = ".".join(("protege",) + path.relative_to(PACKAGE).with_suffix("").parts)
+    if path.name == "__init__.py":
+        package = package.rsplit(".", 1)[0]
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + (1 if path.name != "__init__.py" else 0)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            names.add(mod)
+            names.update(f"{mod}.{a.name}" for a in node.names)  # `from pkg import module`
+    return names
+
+
+def code_files(stage: str) -> set[Path]:
+    """Every protege source file the stage can run, relative to the repository root."""
+    start = [PACKAGE / "stages" / f"{stage}.py"] + [PACKAGE / rel for rel in RUNNER]
+    seen: set[Path] = set()
+    todo = [p for p in start if p.is_file()]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _imports(path):
+            parts = name.split(".")
+            for i in range(2, len(parts) + 1):  # a package's __init__ runs on the way to its modules
+                found = _module_file(".".join(parts[:i]))
+                if found and found not in seen:
+                    todo.append(found)
+    return {p.relative_to(PACKAGE.parent) for p in seen}
+
+
+def _config_reads(path: Path) -> set[str]:
+    """'section.key', 'section' (used whole) or 'key' (top level) for every cfg.* the file reads."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}  # cfg.rl inside cfg.rl.lr
+    reads = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ROOT_NAMES
+                and id(node) not in inner):
+            reads.add(node.attr)
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                and isinstance(node.value.value, ast.Name) and node.value.value.id in ROOT_NAMES):
+            reads.add(f"{node.value.attr}.{node.attr}")
+    return reads
+
+
+def params_read(stage: str) -> set[str]:
+    """The params a stage reads: 'section' where a whole section is handed on, else 'section.key'."""
+    from protege.config import Config
+
+    reads: set[str] = set()
+    for rel in code_files(stage):
+        if rel.parts[:2] == ("protege", "stages"):
+            reads |= _config_reads(PACKAGE.parent / rel)
+    reads -= NOT_RESULTS
+    fields = Config.model_fields
+    out = set()
+    for r in reads:
+        section, _, key = r.partition(".")
+        if section not in fields:
+            continue
+        ann = fields[section].annotation
+        is_section = isinstance(ann, type) and hasattr(ann, "model_fields")
+        if not is_section:
+            out.add(section)
+        elif key and key in ann.model_fields:
+            out.add(r)
+        else:
+            out.add(section)
+    # a key read from a section also used whole is covered by the section
+    return {r for r in out if "." not in r or r.split(".")[0] not in out}
+
+
+def covered(path: str, deps: list[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps)
+
+
+def missing_code_deps(stage: str, deps: list[str]) -> list[str]:
+    return sorted(str(p) for p in code_files(stage) if not covered(str(p), deps))
+
+
+def missing_params(stage: str, params: list[str]) -> list[str]:
+    declared = [str(p) for p in params]
+    return sorted(r for r in params_read(stage)
+                  if r not in declared and r.split(".")[0] not in declared)

@@ -1,0 +1,46 @@
+"""dvc.yaml declares every protege source file a stage can import and every param it reads, so `dvc status`
+never calls stale outputs up to date (regenerate with `python dev/sync_dvc_deps.py`)."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from protege import stage_deps
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_stage_declares_its_code_and_params(stage):
+    spec = STAGES[stage]
+    deps = [str(d) if not isinstance(d, dict) else next(iter(d)) for d in spec.get("deps", [])]
+    missing = stage_deps.missing_code_deps(stage, deps)
+    assert not missing, f"dvc.yaml stage {stage}: add to deps {missing} (or run dev/sync_dvc_deps.py)"
+    params = [str(p) for p in spec.get("params", [])]
+    missing = stage_deps.missing_params(stage, params)
+    assert not missing, f"dvc.yaml stage {stage}: add to params {missing} (or run dev/sync_dvc_deps.py)"
+
+
+def test_the_analysis_sees_lazy_imports_and_config_reads():
+    files = {str(p) for p in stage_deps.code_files("rl")}
+    assert {"protege/rewards/judge.py", "protege/rl/loop.py", "protege/models/processor.py",
+            "protege/config.py"} <= files
+    assert "protege/cli.py" not in files
+    reads = stage_deps.params_read("rl")
+    assert {"rl", "seed", "evaluate.batch_size"} <= reads and "threads" not in reads
+
+
+def test_an_undeclared_import_or_read_is_caught(tmp_path, monkeypatch):
+    package = tmp_path / "protege"
+    (package / "stages").mkdir(parents=True)
+    for rel in ("__init__.py", "stages/__init__.py", "tracking.py", "config.py", "helper.py", "other.py"):
+        (package / rel).write_text("")
+    (package / "helper.py").write_text("def f():\n    from protege import other\n")
+    (package / "stages" / "demo.py").write_text(
+        "def run(cfg, root, run):\n    from protege.helper import f\n    return cfg.sft.lr, cfg.world\n")
+    monkeypatch.setattr(stage_deps, "PACKAGE", package)
+    assert stage_deps.missing_code_deps("demo", ["protege/stages", "protege/config.py", "protege/tracking.py",
+                                                 "protege/__init__.py", "protege/helper.py"]) == ["protege/other.py"]
+    assert stage_deps.missing_params("demo", ["sft.steps"]) == ["sft.lr", "world"]
+    assert stage_deps.missing_params("demo", ["sft", "world"]) == []
