@@ -77,28 +77,59 @@ def save_state(folder: Path, *, step: int, policy, disc, updater, disc_updater, 
         save_file(policy_sd, str(tmp / "policy.safetensors"))
         if disc_sd is not None:
             save_file(disc_sd, str(tmp / "discriminator.safetensors"))
-        version, internal, gauss = py_rng.getstate()  # the same on every rank: all draw the whole step
-        (tmp / "state.json").write_text(json.dumps({"step": step, "cursor": cursor, "fingerprint": fingerprint,
-                                                    "world_size": world_size,
-                                                    "python_rng": [version, list(internal), gauss]}))
-    barrier()  # every rank's files are in tmp before it becomes the state
+    barrier()  # every rank's files are in tmp
     if rank == 0:
+        # state.json last, once every file is there: a folder holding it is a complete state
+        version, internal, gauss = py_rng.getstate()  # the same on every rank: all draw the whole step
+        (tmp / "state.json.part").write_text(json.dumps({"step": step, "cursor": cursor, "fingerprint": fingerprint,
+                                                         "world_size": world_size,
+                                                         "python_rng": [version, list(internal), gauss]}))
+        os.replace(tmp / "state.json.part", tmp / "state.json")
         if folder.exists():  # swap: the old state is removed only after the new one is complete
             old = folder.with_name(folder.name + ".old")
             if old.exists():
                 shutil.rmtree(old)
             os.replace(folder, old)
-            os.replace(tmp, folder)
+            os.replace(tmp, folder)  # killed just before this: recover_state finishes the swap
             shutil.rmtree(old)
         else:
             os.replace(tmp, folder)
     barrier()
 
 
+def _newest_complete(folder: Path) -> Path | None:
+    """Where the newest complete state is: `folder`, or, when a kill interrupted a swap (see
+    `save_state`: `<state>` -> `<state>.old`, then `<state>.tmp` -> `<state>`), `.tmp` before `.old`."""
+    for candidate in (folder, folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")):
+        if (candidate / "state.json").exists():
+            return candidate
+    return None
+
+
+def recover_state(folder: Path) -> None:
+    """Finishes a swap a kill interrupted, so the newest complete state is at `folder` and nothing else
+    is left. Only the process that owns the state calls this (it moves folders)."""
+    found = _newest_complete(folder)
+    tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
+    if found is not None and found != folder:
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(found, folder)
+    for leftover in (tmp, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+
+
 def read_state(folder: Path) -> dict | None:
-    if not (folder / "state.json").exists():
+    """The newest complete state's metadata, wherever a kill left it; reads only (safe while a run
+    writes)."""
+    found = _newest_complete(folder)
+    if found is None:
         return None
-    return json.loads((folder / "state.json").read_text())
+    try:
+        return json.loads((found / "state.json").read_text())
+    except (OSError, json.JSONDecodeError):  # renamed away between the check and the read
+        return None
 
 
 def restore_state(folder: Path, meta: dict, *, policy, disc, updater, disc_updater, py_rng: random.Random,

@@ -27,7 +27,7 @@ from protege.models.student import save_student
 from protege.rewards.judge import rule_judge
 from protege.rewards.similarity import similarity_reward
 from protege.rl.advantages import group_advantages
-from protege.rl.checkpoint import read_state, restore_state, save_state
+from protege.rl.checkpoint import read_state, recover_state, restore_state, save_state
 from protege.rl.group import build_group
 from protege.rl.logprobs import completion_logprobs, repeat_vision
 from protege.rl.losses import policy_loss
@@ -57,11 +57,18 @@ def fingerprint(cfg: RLConfig, seed: int, inputs_digest: str = "") -> str:
 
     The number of processes counts (each holds its own optimizer partition and RNG), and so do the learning
     curve's settings (a finished run would otherwise keep a curve drawn under other ones); offload_idle and
-    the baseline's algorithm do not, since they never change this run's result.
+    the baseline's algorithm do not, since they never change this run's result, and neither does `steps`:
+    the learning rate is constant, so the first N steps of a longer run are the run of N steps, and raising
+    rl.steps continues a finished run (`resumable`).
     """
-    params = cfg.model_dump(exclude={"offload_idle", "baseline"})
+    params = cfg.model_dump(exclude={"offload_idle", "baseline", "steps"})
     blob = json.dumps([params, seed, world()[1]] + ([inputs_digest] if inputs_digest else []), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def resumable(meta: dict | None, fp: str, steps: int) -> bool:
+    """A saved state continues this run: same fingerprint, and no further than the steps asked for."""
+    return meta is not None and meta["fingerprint"] == fp and meta["step"] <= steps
 
 
 def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: random.Random) -> list[str]:
@@ -88,12 +95,14 @@ def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], 
 
 def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLConfig, out_dir: Path, seed: int,
            on_log: Callable[[int, dict], None] | None = None, state_dir: Path | None = None,
-           stop_after: int | None = None, inputs_digest: str = "") -> list[Path]:
+           stop_after: int | None = None, inputs_digest: str = "",
+           on_state_saved: Callable[[int], None] | None = None) -> list[Path]:
     """Trains `policy` in place (`ref` = frozen SFT model). Returns the checkpoint folders written.
 
     With `state_dir`, the full training state is saved every `save_every` steps and a matching state
     found there is resumed from, reaching the same weights as an uninterrupted run.
-    `stop_after` ends the run early after that step (used to test resume).
+    `stop_after` ends the run early after that step (used to test resume); `on_state_saved(step)` runs
+    after each state save.
     """
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -144,7 +153,10 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     order: list[int] = []
     start, saved = 1, []
     fp = fingerprint(cfg, seed, inputs_digest)
-    if state_dir is not None and (meta := read_state(state_dir)) is not None and meta["fingerprint"] == fp:
+    if state_dir is not None and rank == 0:
+        recover_state(state_dir)
+    barrier()
+    if state_dir is not None and resumable(meta := read_state(state_dir), fp, cfg.steps):
         restore_state(state_dir, meta, policy=policy, disc=disc, updater=updater, disc_updater=disc_updater,
                       py_rng=rng, device=device, rank=rank)
         order, start = meta["cursor"]["order"], meta["step"] + 1
@@ -243,6 +255,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                 save_state(state_dir, step=step, policy=policy, disc=disc, updater=updater, disc_updater=disc_updater,
                            py_rng=rng, cursor={"order": order}, fingerprint=fp, device=device, rank=rank,
                            world_size=world_size, barrier=barrier)
+                if on_state_saved is not None and rank == 0:
+                    on_state_saved(step)
         if on_log:
             mask = mask.cpu()
             n_tok = float(mask.sum())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -31,8 +32,8 @@ from protege.paths import (
     TEACHER_ANSWERS,
 )
 from protege.rewards.llm_judge import LLMJudge
-from protege.rl.checkpoint import read_state
-from protege.rl.loop import RLInputs, fingerprint, run_rl
+from protege.rl.checkpoint import read_state, recover_state
+from protege.rl.loop import RLInputs, fingerprint, resumable, run_rl
 from protege.rl.updaters import world
 from protege.stages.common import say, step_logger, write_stage_metrics
 from protege.teachers.factory import build_teacher
@@ -41,18 +42,38 @@ STATE = "state"
 CURVE = Path("reports/rl/learning_curve.csv")  # DVC plots: step, accuracy, one column per question kind
 
 
-def prepare_out_dir(out: Path, fp: str) -> int:
-    """Keeps a resumable run's folder (returns its step), or empties it for a fresh run (returns 0)."""
+def previous_dir(out: Path) -> Path:
+    return out.with_name(out.name + ".previous")
+
+
+def prepare_out_dir(out: Path, fp: str, steps: int) -> int:
+    """Keeps a resumable run's folder (returns its step), or starts a fresh one (returns 0).
+
+    The same run asked for more steps is resumable (see `resumable`). A run whose params really changed
+    does not delete the old one's checkpoints yet: they move to `<out>.previous`, which is removed once
+    the new run has saved its first state (`drop_previous`); until then a kill loses nothing."""
+    if out.exists():
+        recover_state(out / STATE)
     meta = read_state(out / STATE) if out.exists() else None
-    if meta is None or meta["fingerprint"] != fp:
+    if not resumable(meta, fp, steps):
         if out.exists():
-            shutil.rmtree(out)
+            if meta is not None:  # a run with a state: keep it aside until the new one has its own
+                if previous_dir(out).exists():
+                    shutil.rmtree(previous_dir(out))
+                os.replace(out, previous_dir(out))
+            else:  # a fresh run killed before its first state: nothing in it to keep
+                shutil.rmtree(out)
         out.mkdir(parents=True)
         return 0
     for ckpt in out.glob("step-*"):  # written after the last state save: will be written again
         if int(ckpt.name.split("-")[1]) > meta["step"]:
             shutil.rmtree(ckpt)
     return meta["step"]
+
+
+def drop_previous(out: Path) -> None:
+    if previous_dir(out).exists():
+        shutil.rmtree(previous_dir(out))
 
 
 def inputs_digest(root: Path, ril: bool) -> str:
@@ -150,7 +171,7 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     ref, _ = load_student(root / SFT_MODEL)
     out = root / out_rel
     digest = inputs_digest(root, ril)
-    resumed = prepare_out_dir(out, fingerprint(c, cfg.seed, digest))
+    resumed = prepare_out_dir(out, fingerprint(c, cfg.seed, digest), c.steps)
     judge = None
     if c.judge == "llm":
         judge = LLMJudge(build_teacher(c.judge_model, root, 0.0, cfg.seed), out / "judge_verdicts.jsonl")
@@ -168,7 +189,8 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
         log_step(step, metrics)
 
     saved = run_rl(policy, ref, processor, inputs, c, out, cfg.seed, on_log=log, state_dir=out / STATE,
-                   inputs_digest=digest)
+                   inputs_digest=digest, on_state_saved=lambda step: drop_previous(out))
+    drop_previous(out)
     run.log_model(saved[-1], model_name, params=c.model_dump())
     summary = {"algorithm": algorithm, "checkpoints": len(saved), "resumed_after_step": resumed}
     if history:

@@ -1,6 +1,9 @@
 """The RL loop on a tiny student: dr_grpo and ril steps, exact resume, missing teacher answers, NaN stop."""
 import copy
+import multiprocessing
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -168,6 +171,8 @@ def test_sigkill_then_rerun_reaches_bitwise_the_same_weights(tmp_path):
         meta = read_state(state) if state.exists() else None
         if meta is not None and meta["step"] >= 2:
             victim.send_signal(signal.SIGKILL)
+            victim.wait(timeout=30)
+            shutil.copy(state / "policy.safetensors", tmp_path / "at_kill.safetensors")
             break
         time.sleep(0.05)
     assert victim.wait(timeout=30) == -signal.SIGKILL, _log(tmp_path / "killed")
@@ -178,6 +183,10 @@ def test_sigkill_then_rerun_reaches_bitwise_the_same_weights(tmp_path):
     a = load_file(str(tmp_path / "whole" / "final.safetensors"))
     b = load_file(str(tmp_path / "killed" / "final.safetensors"))
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    # the resumed part really trained: the weights moved between the kill's last state and the end
+    at_kill = load_file(str(tmp_path / "at_kill.safetensors"))
+    assert any(not torch.equal(at_kill[k], b[k]) for k in b if k in at_kill)
+
     def names(run):
         return sorted(p.name for p in (tmp_path / run / "rl").glob("step-*"))
 
@@ -224,3 +233,85 @@ def test_learning_curve_changes_no_weight_and_runs_at_its_steps(tiny_student, ti
     assert [s for s, _ in seen] == [0, 2, 3]  # step 0, every 2 steps, the last step; none with eval_every 0
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
     assert any(not torch.equal(finals[0][k], v) for k, v in tiny_student.state_dict().items())
+
+
+def test_more_steps_continue_a_finished_run(tiny_student, tiny_processor, rows, tmp_path):
+    """rl.steps 3 -> 5 after a finished run: two more steps, the first three checkpoints kept, and the
+    same weights as a 5-step run (the learning rate is constant)."""
+    def run(student, steps, out, logs=None):  # RIL: the teachers' answers earn reward, so the weights move
+        cfg = RLConfig(**{**BASE, "steps": steps, "save_every": 1}, algorithm="ril")
+        run_rl(student, copy.deepcopy(tiny_student), tiny_processor,
+               RLInputs(rows, teacher_answers(rows), disc_from(tiny_student)), cfg, out, seed=5,
+               state_dir=out / "state", on_log=(lambda s, m: logs.append(s)) if logs is not None else None)
+        return {k: v.clone() for k, v in student.state_dict().items()}
+
+    whole = run(copy.deepcopy(tiny_student), 5, tmp_path / "whole")
+    short = copy.deepcopy(tiny_student)
+    run(short, 3, tmp_path / "grown")
+    first = {p.name: (p / "model.safetensors").stat().st_mtime_ns for p in (tmp_path / "grown").glob("step-*")}
+    steps_run: list[int] = []
+    grown = run(copy.deepcopy(tiny_student), 5, tmp_path / "grown", steps_run)
+    assert steps_run == [4, 5]
+    assert sorted(p.name for p in (tmp_path / "grown").glob("step-*")) == [f"step-{i:05d}" for i in range(1, 6)]
+    assert all((tmp_path / "grown" / n / "model.safetensors").stat().st_mtime_ns == t for n, t in first.items())
+    assert all(torch.equal(whole[k], grown[k]) for k in whole)
+    assert any(not torch.equal(whole[k], v) for k, v in tiny_student.state_dict().items())
+
+
+def test_changed_params_keep_the_old_checkpoints_until_the_new_run_has_a_state(tmp_path):
+    from protege.stages.rl import STATE, drop_previous, prepare_out_dir, previous_dir
+
+    out = tmp_path / "rl"
+    (out / "step-00040").mkdir(parents=True)
+    (out / STATE).mkdir()
+    (out / STATE / "state.json").write_text('{"step": 40, "fingerprint": "old"}')
+    assert prepare_out_dir(out, "old", 60) == 40                     # more steps: continue
+    assert prepare_out_dir(out, "new", 60) == 0                      # other params: a fresh run ...
+    assert (previous_dir(out) / "step-00040").exists() and not any(out.iterdir())   # ... old run kept aside
+    assert prepare_out_dir(out, "new", 60) == 0                      # killed before its first state
+    assert (previous_dir(out) / "step-00040").exists()
+    drop_previous(out)                                               # the new run saved its first state
+    assert not previous_dir(out).exists()
+    (out / STATE).mkdir()
+    (out / STATE / "state.json").write_text('{"step": 60, "fingerprint": "new"}')
+    assert prepare_out_dir(out, "new", 40) == 0                      # fewer steps than the state: fresh
+
+
+def _save_and_die_between_renames(folder, student):
+    from protege.rl import checkpoint
+    from protege.rl.updaters import make_updater
+
+    updater = make_updater("torch", student, list(student.parameters()), 1e-3, 2, torch.device("cpu"))
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(src)
+        if str(src).endswith("state.tmp"):  # the second rename of the swap: killed just before it
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(src, dst)
+
+    checkpoint.os.replace = replace
+    checkpoint.save_state(folder, step=2, policy=student, disc=None, updater=updater, disc_updater=None,
+                          py_rng=random.Random(0), cursor={"order": []}, fingerprint="fp")
+
+
+def test_a_kill_between_the_state_renames_loses_nothing(tiny_student, tmp_path):
+    from protege.rl.checkpoint import read_state, recover_state, save_state
+    from protege.rl.updaters import make_updater
+
+    folder = tmp_path / "state"
+    updater = make_updater("torch", tiny_student, list(tiny_student.parameters()), 1e-3, 2, torch.device("cpu"))
+    save_state(folder, step=1, policy=tiny_student, disc=None, updater=updater, disc_updater=None,
+               py_rng=random.Random(0), cursor={"order": []}, fingerprint="fp")
+    child = multiprocessing.get_context("fork").Process(target=_save_and_die_between_renames,
+                                                        args=(folder, tiny_student))
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == -signal.SIGKILL
+    tmp, old = tmp_path / "state.tmp", tmp_path / "state.old"
+    assert not folder.exists() and (tmp / "state.json").exists() and (old / "state.json").exists()
+    assert read_state(folder)["step"] == 2          # a reader finds the newest complete state, moving nothing
+    assert tmp.exists() and old.exists()
+    recover_state(folder)                           # the owner finishes the swap
+    assert read_state(folder)["step"] == 2 and (folder / "policy.safetensors").exists()
+    assert not tmp.exists() and not old.exists()
