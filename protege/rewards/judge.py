@@ -55,10 +55,19 @@ def _as_number(text: str) -> float | None:
         return None
 
 
+def strip_unasserted(text: str) -> str:
+    """The text without URLs and struck-through parts (same length is not kept)."""
+    return _NOT_ASSERTED.sub(" ", text)
+
+
+def is_refusal(text: str) -> bool:
+    return bool(_REFUSAL.search(text))
+
+
 def _scope(response: str) -> str | None:
     """The text whose mentions count; None for a refusal."""
-    text = _NOT_ASSERTED.sub(" ", response)
-    if _REFUSAL.search(text):
+    text = strip_unasserted(response)
+    if is_refusal(text):
         return None
     markers = list(_MARKER.finditer(text))
     if markers:
@@ -69,6 +78,11 @@ def _scope(response: str) -> str | None:
             segments.append(after[:end.start()] if end else after)
         text = "\n".join(segments)
     return text
+
+
+def negated(text: str, start: int) -> bool:
+    """A negation stands before position `start` in its clause ("not C", "B, not A" for A)."""
+    return _negated(text, start)
 
 
 def _negated(text: str, start: int) -> bool:

@@ -61,13 +61,24 @@ def test_read_letter_reads(response, expected):
     ("I think so", "no option found"),                      # pronoun, not option I
     ("E", "letter E beyond options"),
     ("The answer is E.", "letter E beyond options"),
-    ("A and C", "several letters: A, C"),
+    ("A and C", "hedge: A or C"),
+    ("B or C", "hedge: B or C"),
+    ("B/C", "hedge: B or C"),
+    ("The answer is A or B.", "hedge: A or B"),
     ("Option B is better than option C", "several letters: B, C"),
-    ("It is B, not C", "several letters: B, C"),
+    ("not B", "no option found"),
+    ("I cannot tell; maybe B", "refusal"),
+    ("See https://example.com/B", "no option found"),
     ("", "empty response"),
 ])
 def test_read_letter_refuses(response, note):
     assert read_letter(response, FRUIT) == (None, note)
+
+
+def test_read_letter_skips_negated_and_struck_through_letters():
+    assert read_letter("It is B, not C", FRUIT) == ("B", "")
+    assert read_letter("~~A~~ C", FRUIT) == ("C", "")
+    assert read_letter("Not A; the answer is D", FRUIT) == ("D", "")
 
 
 def test_letter_inside_words_and_option_text():
@@ -100,7 +111,7 @@ def test_plain_mc_benchmarks(benchmark):
     out = scorer_for(benchmark, "lenient").score(items, preds)
     assert [s.score for s in out] == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
     assert [s.extracted for s in out] == ["B", "B", "A", "", "B", ""]
-    assert out[3].note == "several letters: A, B"
+    assert out[3].note == "hedge: A or B"
     assert out[5].note == "letter E beyond options"
 
 

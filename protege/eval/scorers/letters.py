@@ -2,10 +2,10 @@
 
 Three readers:
 
-* `read_letter` - ours, used for the lmms-eval protocol of the plain multiple-choice benchmarks.
-  lmms-eval's own rules for these are mostly "the first character of the response" (SEED-Bench,
-  MMStar, BLINK), which reads "Apple" as A and "I think ... B" as I. `read_letter` agrees with them
-  on every response that starts with the letter and reads the rest by explicit, documented rules:
+* `read_letter` - ours, the `lenient` protocol's reader (and the rules-only fallback of MathVista).
+  It reads what the model meant by explicit, documented rules; refusals, hedges between letters
+  ("A or B"), negated letters ("not C"), URLs and struck-through text never count (as in the reward's
+  rule judge):
 
   1. an explicit statement: "Answer: B", "The answer is (C)", "the option is b", "答案是B" (last one
      wins);
@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 
 from protege.eval.scorers.base import normalize_text
+from protege.rewards.judge import is_refusal, negated, strip_unasserted
 
 NO_OPTION = "no option found"
 
@@ -69,14 +70,28 @@ def match_option_text(response: str, options: dict[str, str]) -> str | None:
     return next(iter(hits)) if len(hits) == 1 else None
 
 
+_HEDGE = re.compile(r"(?<![A-Za-z0-9])([A-Z])\)?\s*(?:,|/|\bor\b|\band\b|或|或者|和)\s*(?:(?i:option|choice)\s+)?\(?"
+                    r"([A-Z])(?![A-Za-z0-9])")
+
+
 def read_letter(response: str, options: dict[str, str], several: str = "reject") -> tuple[str | None, str]:
-    """(letter or None, note). The note is "" when a letter was read by rules 1-3."""
+    """(letter or None, note). The note is "" when a letter was read by rules 1-3.
+
+    As the reward's rule judge does (protege.rewards.judge): URLs and struck-through text are not read,
+    a refusal reads nothing, a hedge between two option letters ("A or B", "B/C", "A, B") reads nothing
+    whatever the `several` policy, and a negated letter ("not C") is not a candidate."""
     letters = list(options)
-    text = response.strip()
+    text = strip_unasserted(response).strip()
     if not text:
         return None, "empty response"
+    if is_refusal(text):
+        return None, "refusal"
+    for m in _HEDGE.finditer(text):
+        pair = {m.group(1), m.group(2)}
+        if len(pair) == 2 and pair <= set(letters) and not negated(text, m.start(2)) and not negated(text, m.start(1)):
+            return None, "hedge: " + " or ".join(sorted(pair))
     explicit = [(m.start(), _first_group(m).upper()) for rx in (_EXPLICIT_UPPER, _EXPLICIT_LOWER)
-                for m in rx.finditer(text)]
+                for m in rx.finditer(text) if not negated(text, m.start())]
     if explicit:
         letter = max(explicit)[1]
         return (letter, "") if letter in letters else (None, f"letter {letter} beyond options")
@@ -91,7 +106,7 @@ def read_letter(response: str, options: dict[str, str], several: str = "reject")
             return letter, ""
         first[letter] = last[letter] = 0  # "(A) is wrong, (C) is right": the last one named still wins
     for m in _TOKEN.finditer(text):
-        if m.group(1) in letters and not _is_english_word(text, m):
+        if m.group(1) in letters and not _is_english_word(text, m) and not negated(text, m.start()):
             first.setdefault(m.group(1), m.start())
             last[m.group(1)] = m.start()
     if len(first) == 1:
