@@ -1,6 +1,6 @@
 """Reading an option letter out of a free-form response.
 
-Three readers:
+Two readers (VLMEvalKit's current `can_infer` is in `vlmevalkit_match`):
 
 * `read_letter` - ours, the `lenient` protocol's reader (and the rules-only fallback of MathVista).
   It reads what the model meant by explicit, documented rules; refusals, hedges between letters
@@ -19,7 +19,7 @@ Three readers:
 
   A letter read by rules 1-2 that is not among the options is "beyond options": no answer.
 
-* `lmms_mmbench_letter` - lmms-eval 0.7.3's copy of that matcher in its MMBench evaluator: bare letter
+* `lmms_mmbench_letter` - lmms-eval 0.7.3's copy of an older VLMEvalKit matcher in its MMBench evaluator: bare letter
   tokens among A-E, with its guard that a bare "A" in a response of more than 3 tokens may be the
   article, then punctuated forms ("B.", "(B)", ":B", ...), then the option text.
 """
