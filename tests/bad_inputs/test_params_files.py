@@ -86,3 +86,17 @@ def test_study_file_duplicate_key(tmp_path):
     study.write_text("seeds: [1]\nbaseline: a\nvariants:\n  a: {}\n  a: {rl: {lr: 0.1}}\n")
     res = _run(["study", str(study), "--dry-run", "--project", str(tmp_path)], tmp_path)
     assert res.exit_code == 2 and ":5: duplicate key 'a' (first given at line 4)" in res.output, res.output
+
+
+@pytest.mark.parametrize("name, content, expected", CASES[:3] + CASES[12:13],
+                         ids=["dup_section", "dup_key", "yes", "empty"])
+def test_a_stage_with_bad_params_writes_nothing(tmp_path, name, content, expected):
+    """What `dvc repro` runs: rejected before any output, MLflow store or report is touched, so
+    `dvc status` stays as it was."""
+    (tmp_path / "params.yaml").write_bytes(content)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "kept.txt").write_text("already computed")
+    before = _snapshot(tmp_path)
+    res = _run(["stage", "sft"], tmp_path)
+    assert res.exit_code == 2 and expected in res.output and "Traceback" not in res.output, res.output
+    assert _snapshot(tmp_path) == before

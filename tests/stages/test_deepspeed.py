@@ -53,6 +53,7 @@ def test_zero2_resume_matches_uninterrupted_run(tmp_path):
     launch(tmp_path, "ril", 2, 1, "--steps", "3", tag="-full")
     [stopped] = launch(tmp_path, "ril", 2, 1, "--steps", "3", "--state", "--stop-after", "2", tag="-resume")
     assert stopped["steps"] == 2
+    at_stop = load_file(str(tmp_path / "ckpt-resume" / "state" / "policy.safetensors"))
     [resumed] = launch(tmp_path, "ril", 2, 1, "--steps", "3", "--state", tag="-resume")
     assert resumed["steps"] == 1  # only step 3 ran again
     state = tmp_path / "ckpt-resume" / "state"
@@ -64,3 +65,5 @@ def test_zero2_resume_matches_uninterrupted_run(tmp_path):
     # expected to match exactly; allclose with a zero-ish tolerance keeps the failure message readable
     for k in full:
         torch.testing.assert_close(again[k], full[k], rtol=0, atol=0)
+    # and the resumed step really trained: the weights moved after the state it resumed from
+    assert any(not torch.equal(at_stop[k], again[k]) for k in at_stop if k in again)

@@ -70,8 +70,8 @@ def match_option_text(response: str, options: dict[str, str]) -> str | None:
     return next(iter(hits)) if len(hits) == 1 else None
 
 
-_HEDGE = re.compile(r"(?<![A-Za-z0-9])([A-Z])\)?\s*(?:,|/|\bor\b|\band\b|或|或者|和)\s*(?:(?i:option|choice)\s+)?\(?"
-                    r"([A-Z])(?![A-Za-z0-9])")
+_HEDGE = re.compile(r"(?<![A-Za-z0-9])([A-Z])\)?\s*(?:,|/|\bor\b|\band\b|或|或者|和)\s*"
+                    r"(?:(?i:option|choice)\s+)?\(?([A-Z])(?![A-Za-z0-9])")
 
 
 def read_letter(response: str, options: dict[str, str], several: str = "reject") -> tuple[str | None, str]:
