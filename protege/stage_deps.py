@@ -5,8 +5,8 @@ stale outputs up to date.
 Code: the stage module (`protege/stages/<name>.py`), what runs every stage (`protege/stages/__init__.py`,
 `protege/tracking.py`, `protege/config.py`) and every protege module they import, at any depth, including
 imports inside functions. `protege/cli.py` is left out: its `stage` command only parses arguments and
-dispatches. Params: every `cfg.<section>.<key>` the stage modules read (a section used whole, as in
-`c = cfg.rl`, means all of it). `threads` (torch's thread count) changes speed, not results,
+dispatches. Params: every `cfg.<section>.<key>` the stage module reads, and the functions it uses from
+other stage modules read (a section used whole, as in `c = cfg.rl`, means all of it). `threads` (torch's thread count) changes speed, not results,
 and is not a dependency.
 """
 from __future__ import annotations
@@ -71,9 +71,8 @@ def code_files(stage: str) -> set[Path]:
     return {p.relative_to(PACKAGE.parent) for p in seen}
 
 
-def _config_reads(path: Path) -> set[str]:
-    """'section.key', 'section' (used whole) or 'key' (top level) for every cfg.* the file reads."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+def _reads_in(tree: ast.AST) -> set[str]:
+    """'section.key', 'section' (used whole) or 'key' (top level) for every cfg.* read under `tree`."""
     inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}  # cfg.rl inside cfg.rl.lr
     reads = set()
     for node in ast.walk(tree):
@@ -86,14 +85,56 @@ def _config_reads(path: Path) -> set[str]:
     return reads
 
 
+def _stage_tree(module: str) -> ast.Module | None:
+    path = PACKAGE / "stages" / f"{module}.py"
+    return ast.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _stage_imports(tree: ast.Module) -> dict[str, str]:
+    """Names imported from other stage modules: name -> module."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("protege.stages."):
+            for a in node.names:
+                out[a.asname or a.name] = node.module.rsplit(".", 1)[1]
+    return out
+
+
+def _function_reads(module: str, name: str, seen: set) -> set[str]:
+    """cfg reads of one function of a stage module and of what it calls there, by name, transitively."""
+    if (module, name) in seen:
+        return set()
+    seen.add((module, name))
+    tree = _stage_tree(module)
+    if tree is None:
+        return set()
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    if name not in defs:
+        return set()
+    body = defs[name]
+    reads = _reads_in(body)
+    imported = _stage_imports(tree)
+    for node in ast.walk(body):
+        if isinstance(node, ast.Name):
+            if node.id in defs:
+                reads |= _function_reads(module, node.id, seen)
+            elif node.id in imported:
+                reads |= _function_reads(imported[node.id], node.id, seen)
+    return reads
+
+
 def params_read(stage: str) -> set[str]:
-    """The params a stage reads: 'section' where a whole section is handed on, else 'section.key'."""
+    """The params a stage reads: 'section' where a whole section is handed on, else 'section.key'.
+
+    The stage module is read whole; from other stage modules only the functions it uses (and what they
+    call), so importing a helper from `stages/rl.py` does not make a stage depend on all of `rl`."""
     from protege.config import Config
 
-    reads: set[str] = set()
-    for rel in code_files(stage):
-        if rel.parts[:2] == ("protege", "stages"):
-            reads |= _config_reads(PACKAGE.parent / rel)
+    tree = _stage_tree(stage)
+    reads = _reads_in(tree) if tree is not None else set()
+    seen: set = set()
+    for name, module in (_stage_imports(tree).items() if tree is not None else []):
+        reads |= _function_reads(module, name, seen)
     reads -= NOT_RESULTS
     fields = Config.model_fields
     out = set()
