@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from protege.data.validate import validate_tables
+from protege.errors import UserFacingError
 
 
 @pytest.fixture
@@ -77,7 +78,7 @@ def test_image_too_small_and_letter_beyond_options(world_copy):
 def test_missing_column_is_a_clear_error(world_copy):
     path = world_copy / "train.parquet"
     pd.read_parquet(path).drop(columns=["answer"]).to_parquet(path, index=False)
-    with pytest.raises(ValueError, match=r"missing column\(s\) \['answer'\]"):
+    with pytest.raises(UserFacingError, match=r"missing column\(s\) \[.answer.\]"):
         validate_tables([path])
 
 
