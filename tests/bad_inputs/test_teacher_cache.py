@@ -7,18 +7,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from protege.teachers.backends import ScriptedTeacher, TeacherRequest
+from protege.teachers.backends import TeacherRequest
 from protege.teachers.cache import COLUMNS, TeacherCache, cache_key, weights_digest
-
-
-class Counting(ScriptedTeacher):
-    def __post_init__(self):
-        super().__post_init__()
-        self.asked = 0
-
-    def run(self, requests, on_outcome):
-        self.asked += len(requests)
-        super().run(requests, on_outcome)
+from tests.unit.test_teacher_cache import Counting
 
 
 def requests(n):
