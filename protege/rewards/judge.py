@@ -33,13 +33,19 @@ _REFUSAL = re.compile(
     r"(?:can\s*not|can't|cannot|unable\s+to|impossible\s+to|no\s+way\s+to)\s+(?:tell|determine|answer|say|see|"
     r"know|decide|be\s+sure|identify|read|count)|i\s+(?:refuse|won't\s+answer|will\s+not\s+answer))\b"
     r"|无法|不知道|不确定|不清楚", re.IGNORECASE)
-_MARKER = re.compile(r"(?:\bfinal\s+answer|\banswer\s+is|\banswer\s*[:：]|\banswer\s*=|答案\s*(?:是|为|：|:))",
+_MARKER = re.compile(r"(?:\bfinal\s+answer|\banswer\s+is|\banswer\s*[:：]|\banswer\s*=|答案\s*(?:是|为|：|:)|"
+                     r"(?:^|(?<=[.!?。\n]))\s*(?:so|therefore|thus|hence|in\s+total|altogether)\b[,:]?)",
                      re.IGNORECASE)
+# after the answer, a sentence that reopens it ("But it could also be C", "Just kidding, it is C")
+_HEDGE_CUE = re.compile(r"\b(?:could|might|may|maybe|perhaps|possibly|or|alternatively|kidding|actually|also)\b",
+                        re.IGNORECASE)
+_LEAD = " \t\r\n*:：\"'"
 _SENTENCE_END = re.compile(r"[.!?。！？](?=\s|$)|\n")
 _CLAUSE_END = re.compile(r"[,;:.!?，。；：！？\n]|\bbut\b|\bhowever\b|但是|而是", re.IGNORECASE)
 _NEGATION = re.compile(r"\b(?:not|no|never|neither|nor|except|excluding)\b|n't\b|\brather\s+than\b|"
                        r"\binstead\s+of\b|\bother\s+than\b|不是|并非|而非", re.IGNORECASE)
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w]|\.\d)")
+# a unit may follow ("3cm", "3个"); a digit or a decimal part may not
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?!\d|\.\d|,\d{3})")
 _NUMBER_WORD = re.compile(r"\b(" + "|".join(NUMBER_WORDS) + r")\b", re.IGNORECASE)
 _LETTER_VERBS = {"is", "was", "seems", "looks", "appears", "matches", "fits", "corresponds", "would", "should",
                  "must", "could", "might", "and", "or"}
@@ -56,28 +62,31 @@ def _as_number(text: str) -> float | None:
 
 
 def strip_unasserted(text: str) -> str:
-    """The text without URLs and struck-through parts (same length is not kept)."""
-    return _NOT_ASSERTED.sub(" ", text)
+    """The text without URLs and struck-through parts, the Unicode minus read as '-'."""
+    return _NOT_ASSERTED.sub(" ", text).replace("\u2212", "-")
 
 
 def is_refusal(text: str) -> bool:
     return bool(_REFUSAL.search(text))
 
 
-def _scope(response: str) -> str | None:
-    """The text whose mentions count; None for a refusal."""
+def _scope(response: str) -> tuple[str, str, bool] | None:
+    """(the text whose mentions count, the text after the last stated answer, whether the answer was
+    stated with a marker); None for a refusal. With markers, the scope is the sentence after each one,
+    one per line."""
     text = strip_unasserted(response)
     if is_refusal(text):
         return None
     markers = list(_MARKER.finditer(text))
-    if markers:
-        segments = []
-        for m in markers:
-            after = text[m.end():].lstrip(" *:：\"'")
-            end = _SENTENCE_END.search(after)
-            segments.append(after[:end.start()] if end else after)
-        text = "\n".join(segments)
-    return text
+    if not markers:
+        return text, "", False
+    segments, rest = [], ""
+    for m in markers:
+        after = text[m.end():].lstrip(_LEAD)
+        end = _SENTENCE_END.search(after)
+        segments.append(after[:end.start()] if end else after)
+        rest = after[end.end():] if end else ""
+    return "\n".join(segments), rest, True
 
 
 def negated(text: str, start: int) -> bool:
@@ -90,15 +99,20 @@ def _negated(text: str, start: int) -> bool:
     return any(m.end() <= start for m in _NEGATION.finditer(text, clause_start, start))
 
 
-def _is_english_word(text: str, m: re.Match) -> bool:
+def _is_english_word(text: str, m: re.Match, stated: bool = False) -> bool:
+    """"A cat", "I think": the article or pronoun, not an option; but never the first word after a
+    stated answer ("The answer is A because ...")."""
     if m.group(0) not in ("A", "I"):
+        return False
+    if stated and (m.start() == 0 or text[m.start() - 1] == "\n"):
         return False
     nxt = _NEXT_WORD.match(text, m.end())
     return bool(nxt) and nxt.group(1) not in _LETTER_VERBS
 
 
-def _mentions(text: str, candidates: list[str]) -> list[tuple[int, int, str]]:
-    """(start, end, candidate) for every mention, overlapping shorter mentions dropped."""
+def _mentions(text: str, candidates: list[str], stated: bool = False) -> list[tuple[int, int, str]]:
+    """(start, end, candidate) for every mention, overlapping shorter mentions dropped. A lower-case
+    letter counts only when it is all there is (the whole response, or all a stated answer says)."""
     numeric = bool(candidates) and all(_as_number(c) is not None for c in candidates)
     found: list[tuple[int, int, str]] = []
     if numeric:
@@ -110,8 +124,10 @@ def _mentions(text: str, candidates: list[str]) -> list[tuple[int, int, str]]:
         for cand in candidates:
             if len(cand) == 1 and cand.isalpha() and cand.isupper():
                 for m in re.finditer(rf"(?<![A-Za-z0-9]){re.escape(cand)}(?![A-Za-z0-9])", text):
-                    if not _is_english_word(text, m):
+                    if not _is_english_word(text, m, stated):
                         found.append((m.start(), m.end(), cand))
+                for m in re.finditer(rf"(?m)^[\s*(\[]*({cand.lower()})[\s*)\].]*$", text):
+                    found.append((m.start(1), m.end(1), cand))
             else:
                 for m in re.finditer(rf"(?<![\w.]){re.escape(cand)}(?!\w)", text, re.IGNORECASE):
                     found.append((m.start(), m.end(), cand))
@@ -124,9 +140,9 @@ def _mentions(text: str, candidates: list[str]) -> list[tuple[int, int, str]]:
     return kept
 
 
-def _asserted(text: str, candidates: list[str]) -> set[str]:
+def _asserted(text: str, candidates: list[str], stated: bool = False) -> set[str]:
     values = set()
-    for start, _, cand in _mentions(text, candidates):
+    for start, _, cand in _mentions(text, candidates, stated):
         if _negated(text, start):
             continue
         number = _as_number(cand)
@@ -134,13 +150,31 @@ def _asserted(text: str, candidates: list[str]) -> set[str]:
     return values
 
 
+def _reopened(rest: str, candidates: list[str], answer: set[str]) -> bool:
+    """A sentence after the stated answer hedges towards another candidate."""
+    for sentence in re.split(r"(?<=[.!?。！？])\s+|\n", rest):
+        if _HEDGE_CUE.search(sentence) and _asserted(sentence, candidates) - answer:
+            return True
+    return False
+
+
+def _values(response: str, candidates: list[str]) -> set[str] | None:
+    """The distinct candidates (or numeric values) the response asserts; None for a refusal or a
+    stated answer reopened by a later hedge."""
+    scoped = _scope(response)
+    if scoped is None:
+        return None
+    text, rest, stated = scoped
+    asserted = _asserted(text, candidates, stated)
+    if stated and rest and _reopened(rest, candidates, asserted):
+        return None
+    return asserted
+
+
 def extract(response: str, candidates: list[str]) -> str | None:
     """The one candidate the response states, or None (nothing, several, a refusal)."""
-    text = _scope(response)
-    if text is None:
-        return None
-    asserted = _asserted(text, candidates)
-    if len(asserted) != 1:
+    asserted = _values(response, candidates)
+    if asserted is None or len(asserted) != 1:
         return None
     (only,) = asserted
     for cand in candidates:
@@ -151,15 +185,21 @@ def extract(response: str, candidates: list[str]) -> str | None:
 
 
 def rule_judge(reference: str, response: str, candidates: list[str] | None = None, rel_tol: float = 1e-6) -> float:
-    """1.0 if the response states the reference (and nothing else), else 0.0."""
+    """1.0 if the response states the reference (and nothing else), else 0.0. Without candidates, a
+    yes / no reference is judged against {yes, no} and a numeric one against every number stated."""
+    if not candidates and reference.strip().lower() in ("yes", "no"):
+        candidates = ["yes", "no"]
+        reference = reference.strip().lower()
     if candidates:
         return float(extract(response, candidates) == reference)
-    text = _scope(response)
-    if text is None:
+    scoped = _scope(response)
+    if scoped is None:
         return 0.0
+    text = scoped[0]
     ref_num = _as_number(reference)
     if ref_num is not None:
-        values = {float(v) for v in _asserted(text, [reference])}
+        found = _values(response, [reference])
+        values = {float(v) for v in found} if found is not None else set()
         if len(values) != 1:
             return 0.0
         (got,) = values

@@ -67,6 +67,20 @@ ADVERSARIAL = [
     ("Yes", "Yes", YES_NO, True), ("Yes", "Yes.", YES_NO, True), ("No", "No", YES_NO, True),
     ("a cat", "A cat!", None, True), ("12", "It is 12.0", None, True), ("1200", "1,200", None, True),
     ("12", "not 13, 12", None, True),
+    # found in review: the answer on the next line, "A" right after a stated answer, units, working shown
+    ("B", "Answer:\nB", LETTERS, True), ("B", "**Final answer:**\n\nB", LETTERS, True),
+    ("B", "The answer is:\n\n**B**", LETTERS, True), ("3", "Answer:\n3", COUNTS, True),
+    ("A", "The answer is A because it is round.", LETTERS, True), ("A", "Answer: A since it is red", LETTERS, True),
+    ("2.5", "2.5cm", None, True), ("3", "3cm", None, True), ("12", "12kg.", None, True), ("3", "答案是3个", None, True),
+    ("-3", "\u22123", None, True),
+    ("3", "Counting: 1, 2, 3. So there are 3 shapes.", COUNTS, True),
+    ("3", "There are 3 shapes: 1 circle and 2 squares.", COUNTS, False),   # no stated answer: several values
+    ("B", "b", LETTERS, True), ("B", "The answer is b.", LETTERS, True),
+    ("no", "No, there are not any.", None, True), ("yes", "Yes, there is one.", None, True),
+    ("A", "The answer is A. But it could also be B, C or D.", LETTERS, False),
+    ("B", "The answer is B. Just kidding, it is C.", LETTERS, False),
+    ("3", "Answer: 3. It might also be 4 or 5.", COUNTS, False),
+    ("B", "The answer is B. A is wrong because it is red.", LETTERS, True),
 ]
 
 
