@@ -43,6 +43,8 @@ class _DuplicateKey(Exception):
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
     seen: dict = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: merged keys may be overridden
+            continue
         key = loader.construct_object(key_node, deep=True)
         try:
             hash(key)

@@ -24,3 +24,9 @@ STAGE_METRICS = Path("reports/stages")  # one small JSON of figures per stage (D
 MINI_BENCHMARKS = Path("data/benchmarks")  # the world's mini versions of the 14 benchmarks
 EVAL_DIR = Path("reports/eval")  # per model and benchmark: predictions, scored items, units
 EVAL_PNG = Path("reports/eval.png")
+
+
+def checkpoints(folder: Path) -> list[Path]:
+    """The step-N checkpoint folders of an RL run in step order, by number (step-100000 after step-99999)."""
+    found = [p for p in Path(folder).glob("step-*") if p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]))

@@ -3,7 +3,8 @@
 Both produce the question-row schema (protege.data.schemas): one row per (image, question) turn, images
 copied once under OUT/images/<sha256>.<ext>, rows deduplicated by (image hash, question). Every source
 row is kept long enough to be validated, so a bad row is reported by its file and line, not skipped in
-silence. Nothing is written under OUT (images included) until the whole file validates. Image paths
+silence. Nothing is written under OUT (images included) until the whole file validates: images wait
+in a hidden staging folder beside OUT, removed whatever happens. Image paths
 resolve inside the images folder (symlinks followed); absolute paths and paths leading out of it are
 refused unless the user allows them.
 """
@@ -14,6 +15,7 @@ import binascii
 import hashlib
 import json
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,7 @@ from protege.data.validate import (
     run_suite,
 )
 
+MAX_IMAGE_FILE_BYTES = 256 * 1024 * 1024  # no image of a training set is this large; a mistake is
 IMAGE_PLACEHOLDER = re.compile(r"\s*<image>\s*")
 HUMAN, ASSISTANT = {"human", "user"}, {"gpt", "assistant", "model"}
 
@@ -70,6 +73,22 @@ def _image_bytes(value, image_root: Path, allow_outside: bool = False) -> tuple[
             return base64.b64decode(value.split(",", 1)[1], validate=True), ""
         except (binascii.Error, IndexError):
             return None, "data URL is not valid base64"
+    try:
+        found = _read_image_path(value, image_root, allow_outside)
+    except OSError:  # e.g. a name longer than the file system allows: not a path, maybe base64
+        found = None
+    if found is not None:
+        return found
+    if len(value) >= 64 and re.fullmatch(r"[A-Za-z0-9+/=\s]+", value):
+        try:
+            return base64.b64decode(value, validate=False), ""
+        except binascii.Error:
+            pass
+    return None, f"image file not found: {value if Path(value).is_absolute() else image_root / value}"
+
+
+def _read_image_path(value: str, image_root: Path, allow_outside: bool) -> tuple[bytes | None, str] | None:
+    """(bytes or None, why) for a value that names an existing path; None when it names no file."""
     if len(value) < 1024:
         given = Path(value)
         if given.is_absolute() and not allow_outside:
@@ -86,16 +105,14 @@ def _image_bytes(value, image_root: Path, allow_outside: bool = False) -> tuple[
                     return None, f"image path {value!r} is a folder, not an image file"
                 if not resolved.exists():
                     return None, f"image path {value!r} is a broken link"
+                size = resolved.stat().st_size
+                if size > MAX_IMAGE_FILE_BYTES:
+                    return None, f"image file {value!r} is too large: {size} bytes (at most {MAX_IMAGE_FILE_BYTES})"
                 try:
                     return resolved.read_bytes(), ""
                 except OSError as exc:
                     return None, f"image path {value!r} cannot be read ({exc.strerror or exc})"
-    if len(value) >= 64 and re.fullmatch(r"[A-Za-z0-9+/=\s]+", value):
-        try:
-            return base64.b64decode(value, validate=False), ""
-        except binascii.Error:
-            pass
-    return None, f"image file not found: {value if Path(value).is_absolute() else image_root / value}"
+    return None
 
 
 def _turns(conversations) -> list[tuple[str, str]]:
@@ -198,11 +215,11 @@ def parquet_frame(path: Path, image_root: Path) -> pd.DataFrame:
     return out
 
 
-def materialise(frame: pd.DataFrame, image_root: Path, allow_outside: bool = False
-                ) -> tuple[pd.DataFrame, int, dict[str, bytes]]:
-    """Reads every image into memory (nothing is written yet), adds the derived check columns,
-    deduplicates. Returns (rows, duplicates dropped, image bytes by content path)."""
-    blobs: dict[str, bytes] = {}
+def materialise(frame: pd.DataFrame, image_root: Path, staging: Path, allow_outside: bool = False
+                ) -> tuple[pd.DataFrame, int, list[str]]:
+    """Checks every image and writes the good ones, once each, under `staging` (not the output folder);
+    adds the derived check columns; deduplicates. Returns (rows, duplicates dropped, staged paths)."""
+    staged: list[str] = []
     paths, hashes, notes, readable, size_ok = [], [], [], [], []
     for value in frame["image_value"]:
         data, note = _image_bytes(value, image_root, allow_outside)
@@ -216,8 +233,10 @@ def materialise(frame: pd.DataFrame, image_root: Path, allow_outside: bool = Fal
         decodes, fits, why = image_bytes_checks(data)
         digest = hashlib.sha256(data).hexdigest()
         rel = f"images/{digest}{sniff_ext(data)}"
-        if decodes and fits:
-            blobs[rel] = data
+        if decodes and fits and not (staging / rel).exists():
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel).write_bytes(data)
+            staged.append(rel)
         paths.append(rel)
         hashes.append(digest)
         notes.append(why)
@@ -234,7 +253,7 @@ def materialise(frame: pd.DataFrame, image_root: Path, allow_outside: bool = Fal
     df["answer_in_options"] = [answer_in_options(a, o) for a, o in zip(df["answer"], options)]
     for col in ("question", "answer"):
         df[col] = df[col].map(lambda v: v.strip() if isinstance(v, str) else v)
-    return df, before - len(df), blobs
+    return df, before - len(df), staged
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -268,25 +287,31 @@ def import_dataset(path: str | Path, fmt: str, out_dir: str | Path, name: str,
         raise DatasetInvalid(f"{path}: no rows; expected at least one "
                              + ("conversation record" if fmt == "llava" else "row after the header"))
     rows_read = len(frame)
-    df, dropped, blobs = materialise(frame, image_root, allow_outside_images)
-    report, failures = run_suite({str(path): df}, QUESTION_ROWS)
-    report.update({"rows_read": rows_read, "duplicates_dropped": dropped, "images_written": 0})
-    if failures:
-        report_path = Path(tempfile.mkdtemp(prefix="protege-import-")) / f"{name}.validation.json"
-        report_path.write_text(json.dumps(report, indent=2, default=str))
-        notes = {s: e for s, e in zip(df["source"], df["parse_error"]) if e}
-        notes.update({s: n for s, n, ok in zip(df["source"], df["image_note"], df["parsed"]) if n and ok})
-        lines = [f.line() for f in failures]
-        details = [f"  {s}: {n}" for s, n in list(notes.items())[:10]]
-        raise DatasetInvalid(f"{path}: {len(failures)} expectation(s) failed; nothing written to {out_dir} "
-                             f"(report: {report_path})\n"
-                             + "\n".join(lines + (["details:"] + details if details else [])))
-    (out_dir / "images").mkdir(parents=True, exist_ok=True)
-    written = 0
-    for rel, data in blobs.items():
-        if not (out_dir / rel).exists():
-            _write_atomically(out_dir / rel, data)
-            written += 1
+    # images wait in a staging folder beside OUT (same file system: moved, not copied) until all passes
+    parent = next((p for p in [out_dir.parent, *out_dir.parent.parents] if p.is_dir()), Path.cwd())
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.import-", dir=parent))
+    try:
+        df, dropped, staged = materialise(frame, image_root, staging, allow_outside_images)
+        report, failures = run_suite({str(path): df}, QUESTION_ROWS)
+        report.update({"rows_read": rows_read, "duplicates_dropped": dropped, "images_written": 0})
+        if failures:
+            report_path = Path(tempfile.mkdtemp(prefix="protege-import-")) / f"{name}.validation.json"
+            report_path.write_text(json.dumps(report, indent=2, default=str))
+            notes = {s: e for s, e in zip(df["source"], df["parse_error"]) if e}
+            notes.update({s: n for s, n, ok in zip(df["source"], df["image_note"], df["parsed"]) if n and ok})
+            lines = [f.line() for f in failures]
+            details = [f"  {s}: {n}" for s, n in list(notes.items())[:10]]
+            raise DatasetInvalid(f"{path}: {len(failures)} expectation(s) failed; nothing written to {out_dir} "
+                                 f"(report: {report_path})\n"
+                                 + "\n".join(lines + (["details:"] + details if details else [])))
+        (out_dir / "images").mkdir(parents=True, exist_ok=True)
+        written = 0
+        for rel in staged:
+            if not (out_dir / rel).exists():
+                shutil.move(str(staging / rel), str(out_dir / rel))
+                written += 1
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     report["images_written"] = written
     table = out_dir / f"{name}.parquet"
     columns = ["id", "question", "answer", "image", "image_sha256", "kind", "options", "source"]

@@ -27,6 +27,7 @@ from protege.models.student import save_student
 from protege.rewards.judge import rule_judge
 from protege.rewards.similarity import similarity_reward
 from protege.rl.advantages import group_advantages
+from protege.paths import checkpoints
 from protege.rl.checkpoint import read_state, recover_state, restore_state, save_state
 from protege.rl.group import build_group
 from protege.rl.logprobs import completion_logprobs, repeat_vision
@@ -160,7 +161,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         restore_state(state_dir, meta, policy=policy, disc=disc, updater=updater, disc_updater=disc_updater,
                       py_rng=rng, device=device, rank=rank)
         order, start = meta["cursor"]["order"], meta["step"] + 1
-        saved = sorted(out_dir.glob("step-*"))
+        saved = checkpoints(out_dir)
 
     def after_update(step: int) -> None:  # the learning curve's hook, on the weights after `step` updates
         if inputs.evaluator is None or not eval_due(step, cfg):

@@ -37,6 +37,7 @@ from protege.paths import (
     RL_CHECKPOINTS,
     SFT_MODEL,
     SPLIT_TABLES,
+    checkpoints,
 )
 from protege.stages.common import say
 from protege.stages.rl_baseline import RL_BASELINE, baseline_algorithm
@@ -46,11 +47,11 @@ CANDIDATE = "merged"  # the pipeline's output, the one `promote` considers
 
 def models_to_evaluate(root: Path) -> dict[str, Path]:
     """sft, rl_final, merged, and `<algorithm>_final` for the rl_baseline stage's last checkpoint if it ran."""
-    last_rl = max((root / RL_CHECKPOINTS).glob("step-*"))
+    last_rl = checkpoints(root / RL_CHECKPOINTS)[-1]
     models = {"sft": SFT_MODEL, "rl_final": last_rl.relative_to(root), CANDIDATE: MERGED_MODEL}
     algorithm = baseline_algorithm(root)
     if algorithm is not None:
-        models[f"{algorithm}_final"] = max((root / RL_BASELINE).glob("step-*")).relative_to(root)
+        models[f"{algorithm}_final"] = checkpoints(root / RL_BASELINE)[-1].relative_to(root)
     return models
 
 

@@ -5,14 +5,14 @@ from pathlib import Path
 
 from protege.config import Config
 from protege.merging.uniform import merge_uniform
-from protege.paths import MERGED_MODEL, RL_CHECKPOINTS
+from protege.paths import MERGED_MODEL, RL_CHECKPOINTS, checkpoints
 from protege.stages.common import say
 
 
 def run(cfg: Config, root: Path, run) -> None:
     run.log_params(cfg.merge.model_dump(), "merge.")
     run.log_input(RL_CHECKPOINTS, context="checkpoints")
-    checkpoints = sorted((root / RL_CHECKPOINTS).glob("step-*"))
+    checkpoints = checkpoints(root / RL_CHECKPOINTS)
     if not checkpoints:
         raise FileNotFoundError(f"merge: no checkpoints under {RL_CHECKPOINTS}; run the rl stage first")
     merge_uniform(checkpoints, root / MERGED_MODEL)

@@ -55,12 +55,21 @@ def prepare_out_dir(out: Path, fp: str, steps: int) -> int:
     if out.exists():
         recover_state(out / STATE)
     meta = read_state(out / STATE) if out.exists() else None
+    previous = previous_dir(out)
+    if not resumable(meta, fp, steps) and meta is None and previous.exists():
+        recover_state(previous / STATE)
+        if resumable(read_state(previous / STATE), fp, steps):
+            # back to the params of the run set aside, before the other run saved a state: take it back
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(previous, out)
+            meta = read_state(out / STATE)
     if not resumable(meta, fp, steps):
         if out.exists():
             if meta is not None:  # a run with a state: keep it aside until the new one has its own
-                if previous_dir(out).exists():
-                    shutil.rmtree(previous_dir(out))
-                os.replace(out, previous_dir(out))
+                if previous.exists():
+                    shutil.rmtree(previous)
+                os.replace(out, previous)
             else:  # a fresh run killed before its first state: nothing in it to keep
                 shutil.rmtree(out)
         out.mkdir(parents=True)

@@ -46,6 +46,7 @@ from protege.paths import (
     STAGE_METRICS,
     TEACHER_ANSWERS,
     WORLD,
+    checkpoints,
 )
 from protege.study.spec import RunSpec, Study, load_study
 
@@ -263,7 +264,7 @@ def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
             say(f"{run.key}: training ({'resuming' if (folder / RL_CHECKPOINTS).exists() else 'fresh'}) in {folder}")
             rl_stage.run(cfg, folder, mlrun)
             merge_stage.run(cfg, folder, mlrun)
-            last = max((folder / RL_CHECKPOINTS).glob("step-*"))
+            last = checkpoints(folder / RL_CHECKPOINTS)[-1]
             models = {"rl_final": last.relative_to(folder), "merged": MERGED_MODEL}
         else:
             models = {"sft": SFT_MODEL}

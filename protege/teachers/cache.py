@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import statistics
 import threading
 from collections.abc import Iterable
@@ -30,6 +31,7 @@ from protege.teachers.backends import Outcome, TeacherAnswer, TeacherBackend, Te
 COLUMNS = ["key", "teacher", "revision", "question_id", "sample_index", "answer", "latency_s", "prompt_tokens",
            "completion_tokens", "finish_reason", "truncated"]
 INDEX = "index.json"
+SHARD_NAME = re.compile(r"shard-(\d{6,})\.parquet")
 
 
 class TeacherCacheIncomplete(UserFacingError):
@@ -58,11 +60,11 @@ def file_sha256(path: Path) -> str:
 
 
 def weights_digest(folder: str | Path) -> str:
-    """What decides a local model's answers: the bytes of its weights (every *.safetensors file) and of
-    its JSON configs (model, generation, tokenizer, processor). Retrained weights at the same path are a
-    new revision, so they are asked again."""
+    """What decides a local model's answers: the bytes of every file of its folder (weights, configs,
+    tokenizer, chat template). Retrained weights at the same path are a new revision, so they are asked
+    again."""
     folder = Path(folder)
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json"))
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     if not any(p.suffix == ".safetensors" for p in files):
         raise UserFacingError(f"{folder}: no *.safetensors weights; a model teacher needs a local checkpoint folder")
     parts = [(p.name, file_sha256(p)) for p in files]
@@ -131,9 +133,9 @@ class TeacherCache:
             index = json.loads(p.read_text(encoding="utf-8"))
             shards = index["shards"]
             if not isinstance(shards, dict) or not all(
-                    isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("sha256"), str)
-                    and isinstance(v.get("rows"), int) for k, v in shards.items()):
-                raise ValueError("'shards' is not a map of {sha256, rows}")
+                    isinstance(k, str) and SHARD_NAME.fullmatch(k) and isinstance(v, dict)
+                    and isinstance(v.get("sha256"), str) and isinstance(v.get("rows"), int) for k, v in shards.items()):
+                raise ValueError("'shards' is not a map of shard-NNNNNN.parquet -> {sha256, rows}")
             return {"shards": dict(shards)}
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             print(f"teacher cache: {p} is malformed ({type(exc).__name__}: {exc}); rebuilding it from the shards")
@@ -155,8 +157,8 @@ class TeacherCache:
             entry = index["shards"].get(shard.name)
             digest = file_sha256(shard)
             try:
-                if not shard.name.startswith("shard-"):
-                    raise ValueError("not named like a cache shard")
+                if not SHARD_NAME.fullmatch(shard.name):
+                    raise ValueError("not named like a cache shard (shard-NNNNNN.parquet)")
                 if entry is not None and entry["sha256"] != digest:
                     raise ValueError("checksum differs from the index")
                 if entry is not None:
@@ -192,7 +194,7 @@ class TeacherCache:
         """Writes one new shard, then the index that lists it (both atomic)."""
         folder = self.folder(teacher)
         folder.mkdir(parents=True, exist_ok=True)
-        taken = [int(name.split("-")[1].split(".")[0]) for name in index["shards"]]
+        taken = [int(SHARD_NAME.fullmatch(name).group(1)) for name in index["shards"]]
         shard = folder / f"shard-{max(taken, default=-1) + 1:06d}.parquet"
         _write_atomic(shard, lambda p: _write_shard(p, pd.DataFrame(rows, columns=COLUMNS), teacher))
         index["shards"][shard.name] = {"sha256": file_sha256(shard), "rows": len(rows)}

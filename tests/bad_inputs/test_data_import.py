@@ -108,12 +108,15 @@ def _cases(world: Path) -> dict:
         "header_only_parquet": (world / "empty.parquet", "empty.parquet", "no rows"),
         "not_parquet": (world / "not_parquet.parquet", "not_parquet.parquet", "not a readable parquet table"),
         "input_is_folder": (world / "images", "images", "is a folder"),
+        "name_too_long": (jsonl(world, [record("1", "x" * 300 + ".png")], "long.jsonl"), "long.jsonl:1",
+                          "image file not found"),
     }
 
 
 CASE_NAMES = ["absolute_path", "dot_dot", "symlink_out", "folder_as_image", "bad_image_bytes", "decompression_bomb",
               "conversation_string", "turn_not_object", "record_not_object", "two_letters", "letter_beyond",
-              "empty_jsonl", "empty_json_list", "header_only_parquet", "not_parquet", "input_is_folder"]
+              "empty_jsonl", "empty_json_list", "header_only_parquet", "not_parquet", "input_is_folder",
+              "name_too_long"]
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)
@@ -123,6 +126,7 @@ def test_rejected_and_nothing_written(world, case):
     assert res.exit_code == 1, res.output
     assert where in res.output and why in res.output and "Traceback" not in res.output, res.output
     assert snapshot(world / "out") == before
+    assert not list(world.glob(".out.import-*"))   # the staging folder is gone too
 
 
 def test_outside_images_need_the_flag(world):

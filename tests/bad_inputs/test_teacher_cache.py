@@ -45,7 +45,7 @@ def test_foreign_parquet_is_quarantined_not_adopted(filled, capsys):
     assert len(cache.load("concise")) == 6
     out = capsys.readouterr().out
     assert "shard-000002.parquet rejected (not a shard written by protege's teacher cache" in out
-    assert "notes.parquet rejected (not named like a cache shard)" in out
+    assert "notes.parquet rejected (not named like a cache shard" in out
     assert (folder / "corrupt" / "shard-000002.parquet").exists() and not (folder / "shard-000002.parquet").exists()
 
 
@@ -88,3 +88,12 @@ def pa_table_with(df, metadata):
     import pyarrow as pa
 
     return pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(metadata)
+
+
+def test_a_copied_shard_is_quarantined_and_fills_go_on(filled, capsys):
+    cache, folder = filled
+    (folder / "shard-000000 (copy).parquet").write_bytes((folder / "shard-000000.parquet").read_bytes())
+    assert len(cache.load("concise")) == 6
+    assert "shard-000000 (copy).parquet rejected (not named like a cache shard" in capsys.readouterr().out
+    teacher = Counting("concise", 0.0, 0)
+    assert cache.fill(teacher, requests(8))["requested"] == 2

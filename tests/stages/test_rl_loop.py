@@ -270,6 +270,9 @@ def test_changed_params_keep_the_old_checkpoints_until_the_new_run_has_a_state(t
     assert (previous_dir(out) / "step-00040").exists() and not any(out.iterdir())   # ... old run kept aside
     assert prepare_out_dir(out, "new", 60) == 0                      # killed before its first state
     assert (previous_dir(out) / "step-00040").exists()
+    assert prepare_out_dir(out, "old", 60) == 40                     # back to the old params: taken back
+    assert (out / "step-00040").exists() and not previous_dir(out).exists()
+    assert prepare_out_dir(out, "new", 60) == 0
     drop_previous(out)                                               # the new run saved its first state
     assert not previous_dir(out).exists()
     (out / STATE).mkdir()

@@ -94,3 +94,12 @@ def test_teacher_backend_needs_its_fields(tmp_path):
         load_config(write(tmp_path, "teachers:\n  pool:\n    - {name: api, backend: openai, model: m}\n"))
     with pytest.raises(ConfigError, match="unique names"):
         load_config(write(tmp_path, "teachers:\n  pool: [{name: concise}, {name: concise}]\n"))
+
+
+def test_yaml_merge_keys_still_work(tmp_path):
+    from protege.config import load_config
+
+    p = tmp_path / "params.yaml"
+    p.write_text("sft:\n  <<: {lr: 0.01, steps: 5}\n  steps: 7\n")
+    cfg = load_config(p)
+    assert (cfg.sft.lr, cfg.sft.steps) == (0.01, 7)
