@@ -107,6 +107,7 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
                             capture_output=True, text=True, check=True)
     assert "up to date" in status.stdout, status.stdout
     push_then_pull_into_a_fresh_clone(proj, tmp_path)
+    two_experiments_in_a_git_copy(proj, tmp_path)
 
     client = mlflow_client(proj)
     exp = client.get_experiment_by_name("protege")
@@ -173,6 +174,38 @@ def push_then_pull_into_a_fresh_clone(proj: Path, tmp_path: Path) -> None:
     for rel in ("models/merged/model.safetensors", "data/world/train.parquet", "data/teacher_answers.parquet"):
         assert (fresh / rel).read_bytes() == (proj / rel).read_bytes(), rel
     assert "up to date" in dvc(fresh, "status")
+
+
+def cached_outs(proj: Path) -> list[str]:
+    found = []
+    for st in yaml.safe_load((proj / "dvc.yaml").read_text())["stages"].values():
+        for entry in st.get("outs", []) + st.get("metrics", []) + st.get("plots", []):
+            path, opts = next(iter(entry.items())) if isinstance(entry, dict) else (entry, {})
+            if (opts or {}).get("cache") is not False:
+                found.append(path)
+    return found
+
+
+def two_experiments_in_a_git_copy(proj: Path, tmp_path: Path) -> None:
+    """`dvc exp run -S` needs a git repository: a copy of the finished project under git runs two
+    configurations of rl.lr, and `dvc exp show` lists both with their params and the stages' metrics."""
+    exp = tmp_path / "exp"
+    shutil.copytree(proj, exp)
+    config = exp / ".dvc" / "config"
+    config.write_text("".join(line for line in config.read_text().splitlines(keepends=True) if "no_scm" not in line))
+    ignored = ["/mlflow.db", "/mlartifacts/", "/.prefect/"] + [f"/{p}" for p in cached_outs(exp)]
+    (exp / ".gitignore").write_text("\n".join(ignored) + "\n")
+    git = ["git", "-c", "user.name=protege-test", "-c", "user.email=test@protege.invalid"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "finished tiny pipeline"]):
+        subprocess.run(git + args, cwd=exp, check=True, capture_output=True)
+    for name, lr in (("lr-low", "0.0005"), ("lr-high", "0.01")):
+        dvc(exp, "exp", "run", "-S", f"rl.lr={lr}", "-n", name)
+    shown = json.loads(dvc(exp, "exp", "show", "--json"))
+    revs = {r["name"]: r["data"] for c in shown for e in (c.get("experiments") or []) for r in e["revs"]}
+    assert {"lr-low", "lr-high"} <= set(revs), list(revs)
+    assert revs["lr-low"]["params"]["params.yaml"]["data"]["rl"]["lr"] == 0.0005
+    assert revs["lr-high"]["params"]["params.yaml"]["data"]["rl"]["lr"] == 0.01
+    assert "reports/stages/rl.json" in revs["lr-high"]["metrics"]
 
 
 @pytest.mark.slow
