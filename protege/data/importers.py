@@ -30,8 +30,9 @@ from protege.data.validate import (
     image_bytes_checks,
     run_suite,
 )
+from protege.files import write_atomic
 
-MAX_IMAGE_FILE_BYTES = 256 * 1024 * 1024  # no image of a training set is this large; a mistake is
+MAX_IMAGE_FILE_BYTES = 256 * 1024 * 1024  # a larger file is a mistake, not a training image
 IMAGE_PLACEHOLDER = re.compile(r"\s*<image>\s*")
 HUMAN, ASSISTANT = {"human", "user"}, {"gpt", "assistant", "model"}
 
@@ -256,12 +257,6 @@ def materialise(frame: pd.DataFrame, image_root: Path, staging: Path, allow_outs
     return df, before - len(df), staged
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
 def import_dataset(path: str | Path, fmt: str, out_dir: str | Path, name: str,
                    image_root: str | Path | None = None, allow_outside_images: bool = False) -> ImportResult:
     """Imports and validates a dataset, then writes OUT/NAME.parquet, OUT/images/ and
@@ -316,9 +311,7 @@ def import_dataset(path: str | Path, fmt: str, out_dir: str | Path, name: str,
     table = out_dir / f"{name}.parquet"
     columns = ["id", "question", "answer", "image", "image_sha256", "kind", "options", "source"]
     df = df.assign(candidates="[]", split=name, difficulty=0)
-    tmp_table = table.with_name(f".{table.name}.tmp")
-    df[columns + ["candidates", "split", "difficulty"]].to_parquet(tmp_table, index=False)
-    tmp_table.replace(table)
+    write_atomic(table, lambda tmp: df[columns + ["candidates", "split", "difficulty"]].to_parquet(tmp, index=False))
     report_path = out_dir / f"{name}.validation.json"
-    _write_atomically(report_path, json.dumps(report, indent=2, default=str).encode())
+    write_atomic(report_path, lambda tmp: tmp.write_text(json.dumps(report, indent=2, default=str)))
     return ImportResult(table, report_path, rows_read, len(df), dropped, written)

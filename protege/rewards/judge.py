@@ -91,10 +91,6 @@ def _scope(response: str) -> tuple[str, str, bool] | None:
 
 def negated(text: str, start: int) -> bool:
     """A negation stands before position `start` in its clause ("not C", "B, not A" for A)."""
-    return _negated(text, start)
-
-
-def _negated(text: str, start: int) -> bool:
     clause_start = max((m.end() for m in _CLAUSE_END.finditer(text, 0, start)), default=0)
     return any(m.end() <= start for m in _NEGATION.finditer(text, clause_start, start))
 
@@ -143,7 +139,7 @@ def _mentions(text: str, candidates: list[str], stated: bool = False) -> list[tu
 def _asserted(text: str, candidates: list[str], stated: bool = False) -> set[str]:
     values = set()
     for start, _, cand in _mentions(text, candidates, stated):
-        if _negated(text, start):
+        if negated(text, start):
             continue
         number = _as_number(cand)
         values.add(repr(number) if number is not None else cand.lower())
@@ -192,10 +188,6 @@ def rule_judge(reference: str, response: str, candidates: list[str] | None = Non
         reference = reference.strip().lower()
     if candidates:
         return float(extract(response, candidates) == reference)
-    scoped = _scope(response)
-    if scoped is None:
-        return 0.0
-    text = scoped[0]
     ref_num = _as_number(reference)
     if ref_num is not None:
         found = _values(response, [reference])
@@ -205,6 +197,10 @@ def rule_judge(reference: str, response: str, candidates: list[str] | None = Non
         (got,) = values
         return float(abs(got - ref_num) <= rel_tol * max(1.0, abs(ref_num)))
 
+    scoped = _scope(response)
+    if scoped is None:
+        return 0.0
+
     def norm(s: str) -> list[str]:
         return re.sub(r"[^\w\s]", "", s.lower()).split()
-    return float(norm(text) == norm(reference) or norm(response) == norm(reference))
+    return float(norm(scoped[0]) == norm(reference) or norm(response) == norm(reference))

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from protege.errors import UserFacingError
+from protege.files import write_atomic
 from protege.teachers.backends import Outcome, TeacherAnswer, TeacherBackend, TeacherFailure, TeacherRequest
 
 COLUMNS = ["key", "teacher", "revision", "question_id", "sample_index", "answer", "latency_s", "prompt_tokens",
@@ -105,14 +106,6 @@ def _read_own_shard(path: Path, teacher: str) -> pd.DataFrame:
     return df
 
 
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class TeacherCache:
     def __init__(self, root: Path, flush_every: int = 128):
         self.root = Path(root)
@@ -142,7 +135,7 @@ class TeacherCache:
             return {"shards": {}, "rebuilt": True}
 
     def _write_index(self, teacher: str, index: dict) -> None:
-        _write_atomic(self.folder(teacher) / INDEX, lambda p: p.write_text(json.dumps(index, indent=1)))
+        write_atomic(self.folder(teacher) / INDEX, lambda p: p.write_text(json.dumps(index, indent=1)))
 
     def load(self, teacher: str) -> pd.DataFrame:
         """Every stored answer of a teacher, one row per key; quarantines corrupt shards."""
@@ -196,7 +189,7 @@ class TeacherCache:
         folder.mkdir(parents=True, exist_ok=True)
         taken = [int(SHARD_NAME.fullmatch(name).group(1)) for name in index["shards"]]
         shard = folder / f"shard-{max(taken, default=-1) + 1:06d}.parquet"
-        _write_atomic(shard, lambda p: _write_shard(p, pd.DataFrame(rows, columns=COLUMNS), teacher))
+        write_atomic(shard, lambda p: _write_shard(p, pd.DataFrame(rows, columns=COLUMNS), teacher))
         index["shards"][shard.name] = {"sha256": file_sha256(shard), "rows": len(rows)}
         self._write_index(teacher, index)
 
