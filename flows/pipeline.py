@@ -1,4 +1,9 @@
-"""The pipeline flow: every dvc.yaml stage in order, under one MLflow parent run."""
+"""The pipeline flow: every dvc.yaml stage in order, under one MLflow parent run.
+
+dispatch 'inline' (the CLI's `protege pipeline`) runs each stage in this flow's process; 'pools' (the
+deployments in prefect.yaml) runs each one as a flow run of protege-stage/stage-<pool>, on the work pool
+that params.yaml's orchestration section names for it. Either way the flow holds the project's
+workspace lock: one writer per DVC workspace."""
 from __future__ import annotations
 
 import argparse
@@ -17,21 +22,43 @@ from prefect import flow  # noqa: E402
 
 import protege  # noqa: E402,F401  (offline settings)
 from protege.stages import STAGES  # noqa: E402
-from tasks.stages import close_parent_run, open_parent_run, stage_task  # noqa: E402
+from protege.workspace import workspace_lock  # noqa: E402
+from tasks.stages import (  # noqa: E402
+    close_parent_run,
+    dispatch_stage,
+    open_parent_run,
+    stage_pool,
+    stage_task,
+    version_pool,
+)
+
+
+def run_stages(project_dir: str, stages, parent: str, dispatch: str) -> dict[str, list[str]]:
+    outputs: dict[str, list[str]] = {}
+    for stage in stages:
+        if dispatch == "pools":
+            outputs[stage] = dispatch_stage(project_dir, stage, parent, stage_pool(project_dir, stage))
+        else:
+            outputs[stage] = stage_task(stage)(project_dir, stage, parent)
+    return outputs
 
 
 @flow(name="protege-pipeline", log_prints=True)
-def pipeline(project_dir: str = ".", stages: list[str] | None = None) -> dict[str, list[str]]:
+def pipeline(project_dir: str = ".", stages: list[str] | None = None, dispatch: str = "inline",
+             wait_for_workspace_s: float = 0.0) -> dict[str, list[str]]:
+    if dispatch not in ("inline", "pools"):
+        raise ValueError(f"dispatch {dispatch!r}: expected 'inline' or 'pools'")
     project_dir = str(Path(project_dir).resolve())
-    parent = open_parent_run(project_dir, "pipeline")
-    outputs: dict[str, list[str]] = {}
-    try:
-        for stage in stages or STAGES:
-            outputs[stage] = stage_task(stage)(project_dir, stage, parent)
-    except BaseException:
-        close_parent_run(project_dir, parent, "FAILED")
-        raise
-    close_parent_run(project_dir, parent, "FINISHED")
+    with workspace_lock(project_dir, "pipeline", wait_for_workspace_s,
+                        on_wait=lambda who: print(f"waiting for {who} to finish")):
+        version_pool(project_dir)
+        parent = open_parent_run(project_dir, "pipeline")
+        try:
+            outputs = run_stages(project_dir, stages or STAGES, parent, dispatch)
+        except BaseException:
+            close_parent_run(project_dir, parent, "FAILED")
+            raise
+        close_parent_run(project_dir, parent, "FINISHED")
     return outputs
 
 

@@ -81,9 +81,23 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
         torch.set_num_threads(cfg.threads)
     try:
         with tracking.stage_run(name, root) as run:
+            run.log_metrics({"process_startup_s": _process_age_s()})  # imports etc. before the run opened
             module.run(cfg, root, run)
     except (UserFacingError, FileNotFoundError, FloatingPointError) as exc:
         _fail(f"{name}: {exc}", code=1)
+
+
+def _process_age_s() -> float:
+    """Seconds since this process started (Linux /proc; 0 where it is not available)."""
+    import time
+
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return max(0.0, time.time() - (boot + ticks / os.sysconf("SC_CLK_TCK")))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
 
 
 @app.command()
@@ -100,6 +114,24 @@ def pipeline(project: Path = typer.Option(Path("."), help="project folder (holds
     # the flow lives outside the library (the library never imports Prefect): run it as its own process
     code = subprocess.call([sys.executable, "-m", "flows.pipeline", "--project", str(project)], env=os.environ.copy())
     raise typer.Exit(code)
+
+
+@app.command()
+def lineage(model_uri: str = typer.Argument(..., help="models:/NAME@ALIAS or models:/NAME/VERSION"),
+            as_json: bool = typer.Option(False, "--json", help="print the checked lineage as JSON"),
+            project: Path = typer.Option(Path("."), help="the pipeline's project folder (holds dvc.lock)")) -> None:
+    """Print a registered model's chain back to its source data, with each recorded hash checked against the
+    working tree (a warning on stderr for every path that changed)."""
+    from protege.errors import UserFacingError
+    from protege.lineage import lineage_of, render
+
+    try:
+        report = lineage_of(project, model_uri)
+    except UserFacingError as exc:
+        _fail(str(exc), code=1)
+    typer.echo(json.dumps(report, indent=2) if as_json else render(report))
+    for warning in report["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def _bench_names(value: str) -> list[str] | None:

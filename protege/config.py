@@ -254,6 +254,23 @@ class SFTConfig(Section):
     schedule: Literal["constant", "cosine"] = "cosine"  # cosine: decays to 10% of lr by the last step
     warmup_steps: int = Field(0, ge=0, le=10_000_000)
     log_every: int = Field(20, ge=1, le=10_000_000)
+    # the training runtime (protege/train/runtime), as for rl
+    backend: Literal["torch", "deepspeed"] = "torch"  # deepspeed: ZeRO, and several processes under torchrun
+    zero_stage: Literal[2, 3] = 2
+    device: Literal["auto", "cpu", "cuda"] = "auto"    # auto: cuda when available
+    save_every: int = Field(100, ge=1, le=10_000_000)  # steps between training states (exact resume after a kill)
+    # the checkpoint SFT starts from, a folder inside the project; dvc.yaml lists it as a dependency by
+    # this value. Retraining sets it to models/champion (the registry's champion, exported and DVC-tracked).
+    init: str = "models/base"
+
+    @field_validator("init")
+    @classmethod
+    def _init_inside_project(cls, v: str) -> str:
+        p = Path(v)
+        if not v or p.is_absolute() or ".." in p.parts or not re.fullmatch(r"[A-Za-z0-9_./-]+", v):
+            raise ValueError(f"sft.init {v!r}: expected a checkpoint folder relative to the project, "
+                             "such as models/base or models/champion")
+        return p.as_posix()
 
 
 class SamplingConfig(Section):
@@ -261,6 +278,10 @@ class SamplingConfig(Section):
     top_p: float = Field(0.95, gt=0, le=1)
     top_k: int = Field(50, ge=0, le=1_000_000)
     max_new_tokens: int = Field(16, ge=1, le=1_000_000)
+    # who samples: the student itself (transformers), or a vLLM engine holding a copy of its weights (synced
+    # after every RL update); vllm needs the `gpu` extra, and the VLM student a CUDA machine
+    generation: Literal["transformers", "vllm"] = "transformers"
+    vllm_memory: float = Field(0.3, gt=0, lt=1)  # vllm on CUDA: GPU memory fraction for the engine (rest: training)
 
 
 class RolloutsConfig(SamplingConfig):
@@ -272,6 +293,10 @@ class DiscPretrainConfig(Section):
     batch_size: int = Field(32, ge=2, le=1_000_000)
     lr: float = Field(1e-3, gt=0, le=10)
     holdout_fraction: float = Field(0.2, gt=0, lt=1)
+    backend: Literal["torch", "deepspeed"] = "torch"  # the training runtime, as sft's
+    zero_stage: Literal[2, 3] = 2
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    save_every: int = Field(50, ge=1, le=10_000_000)
 
 
 class RLConfig(SamplingConfig):
@@ -328,6 +353,7 @@ class EvaluateConfig(Section):
     (VLMEvalKit .tsv, lmms-eval .parquet, MM-Vet .json) from those paths instead; nothing is downloaded."""
     batch_size: int = Field(64, ge=1, le=1_000_000)
     max_new_tokens: int = Field(16, ge=1, le=1_000_000)
+    generation: Literal["transformers", "vllm"] = "transformers"  # vllm: one engine per evaluated model (GPU)
     benchmarks: Literal["mini"] | dict[str, str] = "mini"
     mini_items: int = Field(24, ge=4, le=1_000_000)  # items per mini benchmark (MMBench: / 4 questions x 4 copies)
     protocol: Literal["lmms-eval", "lenient", "vlmevalkit"] = "lmms-eval"  # lenient: our generous reading;
@@ -355,6 +381,35 @@ class PromoteConfig(Section):
     margin: float = Field(0.0, ge=0, le=100)           # points of the benchmark average the candidate must gain
 
 
+GPU_STAGES = ("sft", "rollouts", "rl", "rl_baseline", "evaluate")
+
+
+class OrchestrationConfig(Section):
+    """Where each stage runs when a deployment dispatches stages to work pools (flows/pipeline.py with
+    dispatch 'pools'): a logical pool name per stage, `default_pool` for the rest. Each logical pool is
+    served by the deployment `protege-stage/stage-<pool>` (prefect.yaml), which names the real work pool;
+    `make serve` points every one at its single local process pool. Not a DVC param: it moves work, it
+    does not change results."""
+    default_pool: str = Field("cpu", pattern=r"^[a-z0-9-]+$")
+    stage_pools: dict[str, str] = Field(default_factory=lambda: {s: "gpu" for s in GPU_STAGES})
+
+    @field_validator("stage_pools")
+    @classmethod
+    def _known_stages(cls, v: dict[str, str]) -> dict[str, str]:
+        from protege.stages import STAGES
+
+        for stage, pool in v.items():
+            if stage not in STAGES:
+                raise ValueError(f"orchestration.stage_pools: unknown stage {stage!r}; expected one of "
+                                 f"{', '.join(STAGES)}")
+            if not re.fullmatch(r"[a-z0-9-]+", str(pool)):
+                raise ValueError(f"orchestration.stage_pools.{stage}: pool name {pool!r}: use a-z, 0-9 and '-'")
+        return v
+
+    def pool_of(self, stage: str) -> str:
+        return self.stage_pools.get(stage, self.default_pool)
+
+
 class Config(Section):
     seed: int = 0
     threads: int = Field(1, ge=0, le=4096)  # torch threads per stage process; 0: torch's default (all cores)
@@ -369,6 +424,7 @@ class Config(Section):
     merge: MergeConfig = MergeConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     promote: PromoteConfig = PromoteConfig()
+    orchestration: OrchestrationConfig = OrchestrationConfig()
 
     @model_validator(mode="after")
     def _rl_teachers_exist(self) -> "Config":

@@ -15,6 +15,9 @@ SFT_MODEL = Path("models/sft")
 ROLLOUTS = Path("data/rollouts/student.parquet")
 DISCRIMINATOR = Path("models/discriminator")
 RL_CHECKPOINTS = Path("models/rl")
+# training states for exact resume of a killed sft / disc_pretrain run: outside their DVC outputs (DVC
+# deletes those before it runs a stage) and removed once the stage has written its checkpoint
+TRAINING_STATES = Path("models/.state")
 MERGED_MODEL = Path("models/merged")
 EVAL_JSON = Path("reports/eval.json")
 EVAL_MD = Path("reports/eval.md")

@@ -90,3 +90,43 @@ def missing_dag_params(project_dir: str | Path, params_file: str = "params.yaml"
                     break
                 node = node[part]
     return sorted(set(missing))
+
+
+def dvc_add(project_dir: str | Path, rel: str | Path) -> None:
+    """`dvc add REL`: versions a folder no stage writes (the retraining pool, the exported champion)."""
+    project_dir = Path(project_dir).resolve()
+    proc = subprocess.run([sys.executable, "-m", "dvc", "add", str(rel)], cwd=project_dir,
+                          env=stage_env(None), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"dvc add {rel} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()}")
+
+
+def set_param(project_dir: str | Path, key: str, value, params_file: str = "params.yaml") -> bool:
+    """Sets a dotted key in the params file, keeping its comments and layout (as `dvc exp run -S` does);
+    returns whether the value changed. The result is checked like any params file before it replaces it."""
+    from ruamel.yaml import YAML
+
+    from protege.config import load_config
+    from protege.files import write_atomic
+
+    path = Path(project_dir) / params_file
+    yaml_rt = YAML()
+    yaml_rt.preserve_quotes = True
+    data = yaml_rt.load(path.read_text())
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        node = node[part]
+    if node.get(leaf) == value:
+        return False
+    node[leaf] = value
+    tmp = path.with_name(f".{path.name}.check")
+    with open(tmp, "w") as f:
+        yaml_rt.dump(data, f)
+    try:
+        load_config(tmp)
+    finally:
+        text = tmp.read_text()
+        tmp.unlink()
+    write_atomic(path, lambda t: t.write_text(text))
+    return True

@@ -8,6 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
+import re
+import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,8 +35,10 @@ def _mlflow(project_dir: Path):
     mlflow.set_tracking_uri(tracking_uri(project_dir))
     name = os.environ.get(EXPERIMENT_ENV, DEFAULT_EXPERIMENT)
     if mlflow.get_experiment_by_name(name) is None:
-        # artifacts beside the store, not in ./mlruns of whatever folder the process started in
-        location = (Path(project_dir).resolve() / "mlartifacts").as_uri()
+        # artifacts beside a local store, not in ./mlruns of whatever folder the process started in; a
+        # tracking server keeps its own artifact store (object storage on a cluster)
+        local = not tracking_uri(project_dir).startswith(("http://", "https://", "databricks"))
+        location = (Path(project_dir).resolve() / "mlartifacts").as_uri() if local else None
         try:
             mlflow.create_experiment(name, artifact_location=location)
         except MlflowException:
@@ -125,6 +130,14 @@ class StageRun:
         return model.model_id
 
 
+class QuietRun:
+    """Stands in for the stage's MLflow run on the ranks other than 0 of a multi-process stage: one process
+    records the stage; the figures it logs are the global batch's, the same on every rank."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     out = {}
     for k, v in d.items():
@@ -138,11 +151,16 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 @contextmanager
 def stage_run(stage: str, project_dir: Path) -> Iterator[StageRun]:
-    """A nested run under the pipeline's parent run, or a top-level run when a stage runs alone."""
+    """A nested run under the pipeline's parent run, or a top-level run when a stage runs alone. Under a
+    multi-process launcher (torchrun) only rank 0 records the stage; the other ranks get a QuietRun."""
+    if int(os.environ.get("RANK", "0") or 0) > 0:
+        yield QuietRun()
+        return
     mlflow = _mlflow(project_dir)
     parent = os.environ.get(PARENT_ENV) or None
     with mlflow.start_run(run_name=stage, parent_run_id=parent, tags={"protege.stage": stage}) as run:
         yield StageRun(mlflow, run, project_dir)
+        _tag_stage_outputs(mlflow, project_dir, stage)
 
 
 def start_parent_run(project_dir: Path, name: str, tags: dict[str, str] | None = None) -> str:
@@ -152,14 +170,34 @@ def start_parent_run(project_dir: Path, name: str, tags: dict[str, str] | None =
     return run.info.run_id
 
 
-def end_parent_run(project_dir: Path, run_id: str, status: str, metrics: dict[str, float] | None = None) -> None:
+def orchestration_overhead(client, run_id: str) -> dict[str, float]:
+    """Where a pipeline run's wall time went: its stage runs' own durations, the stage processes' start-up
+    before their run opened (python, torch, MLflow imports), and the rest (DVC, Prefect, this process)."""
+    import time
+
+    parent = client.get_run(run_id)
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'",
+                                  max_results=1000)
+    runs_s = sum(((c.info.end_time or c.info.start_time) - c.info.start_time) / 1000 for c in children)
+    startup_s = sum(c.data.metrics.get("process_startup_s", 0.0) for c in children)
+    wall_s = time.time() - parent.info.start_time / 1000
+    if not runs_s:
+        return {}
+    return {"orchestration.wall_s": wall_s, "orchestration.stage_runs_s": runs_s,
+            "orchestration.stage_startup_s": startup_s,
+            "orchestration.other_s": wall_s - runs_s - startup_s, "orchestration.ratio": wall_s / runs_s}
+
+
+def end_parent_run(project_dir: Path, run_id: str, status: str, metrics: dict[str, float] | None = None) -> dict:
     _mlflow(project_dir)
     from mlflow import MlflowClient
 
     client = MlflowClient()
-    for k, v in (metrics or {}).items():
+    metrics = {**(metrics or {}), **orchestration_overhead(client, run_id)}
+    for k, v in metrics.items():
         client.log_metric(run_id, k, float(v))
     client.set_terminated(run_id, status=status)
+    return metrics
 
 
 def champion(project_dir: Path, model_name: str) -> tuple[str | None, float | None, str | None]:
@@ -177,15 +215,181 @@ def champion(project_dir: Path, model_name: str) -> tuple[str | None, float | No
 
 
 def register(project_dir: Path, model_id: str, model_name: str, score: float, make_champion: bool,
-             scored_on: str = "") -> str:
+             scored_on: str = "", tags: dict[str, str] | None = None) -> str:
+    """Registers a new version; it always takes alias `challenger` (the newest candidate), and `champion` only
+    when the caller decided it wins."""
     mlflow = _mlflow(project_dir)
     from mlflow import MlflowClient
 
     mv = mlflow.register_model(f"models:/{model_id}", model_name,
-                               tags={"protege.score": f"{score:.6f}", "protege.scored_on": scored_on})
+                               tags={"protege.score": f"{score:.6f}", "protege.scored_on": scored_on, **(tags or {})})
+    client = MlflowClient()
+    client.set_registered_model_alias(model_name, "challenger", mv.version)
     if make_champion:
-        MlflowClient().set_registered_model_alias(model_name, "champion", mv.version)
+        client.set_registered_model_alias(model_name, "champion", mv.version)
     return mv.version
+
+
+# --- lineage: which run wrote which DVC output, and what a registered version records ----------------------------
+
+OUT_TAG = "protege.out."  # + output path -> its DVC hash, set on a stage's run when the stage returns
+_TAG_CHARS = re.compile(r"[\w\-. /:]+")
+
+
+def tag_key(prefix: str, path: str) -> str:
+    """`prefix + path` when MLflow accepts it as a tag key, else `prefix` + a digest of the path (same every time,
+    so lookups find it)."""
+    key = prefix + path
+    if _TAG_CHARS.fullmatch(key) and len(key) <= 250 and posixpath.normpath(key) == key:
+        return key
+    return f"{prefix}sha256-{hashlib.sha256(path.encode()).hexdigest()[:16]}"
+
+
+def dvc_hashes(project_dir: Path, paths: list[str]) -> dict[str, str | None]:
+    """The hash DVC gives each path in the working tree (md5, `.dir` for folders), None for a missing path.
+    DVC's own hashing, with its state cache: unchanged files are not read again, and DVC reuses what this computes."""
+    from dvc.repo import Repo
+    from dvc_data.hashfile.build import build
+
+    root = Path(project_dir).resolve()
+    out: dict[str, str | None] = {}
+    with Repo(str(root)) as repo:
+        for rel in paths:
+            full = root / rel
+            if not full.exists():
+                out[rel] = None
+                continue
+            _, _, obj = build(repo.cache.local, str(full), repo.fs, "md5", ignore=repo.dvcignore, dry_run=True)
+            out[rel] = obj.hash_info.value
+    return out
+
+
+def dvc_stage_outputs(project_dir: Path, stage: str) -> list[str] | None:
+    """Every output path (outs, metrics, plots) dvc.yaml declares for `stage`; None when it is not a dvc.yaml stage."""
+    from dvc.repo import Repo
+    from dvc.stage.exceptions import StageNotFound
+
+    root = Path(project_dir).resolve()
+    if not (root / ".dvc").is_dir() or not (root / "dvc.yaml").is_file():
+        return None
+    with Repo(str(root)) as repo:
+        try:
+            spec = repo.stage.load_one(str(root / "dvc.yaml"), stage)
+        except StageNotFound:
+            return None
+        return [out.def_path for out in spec.outs]
+
+
+def _tag_stage_outputs(mlflow, project_dir: Path, stage: str) -> None:
+    """DVC writes dvc.lock only after the stage's command returns, so the run records the hashes of its outputs
+    itself, computed as DVC computes them: `output_run` later finds the run behind any lock entry. A failure here
+    is reported, never fatal: the stage's work is done."""
+    try:
+        outs = dvc_stage_outputs(project_dir, stage)
+        if outs:
+            hashes = dvc_hashes(project_dir, outs)
+            mlflow.set_tags({tag_key(OUT_TAG, p): h for p, h in hashes.items() if h})
+    except Exception as exc:  # noqa: BLE001 - lineage must not fail a finished stage
+        msg = f"{type(exc).__name__}: {exc}"
+        print(f"warning: {stage}: could not record the DVC hashes of its outputs ({msg}); "
+              "`protege lineage` will not name this run", file=sys.stderr)
+        mlflow.set_tag("protege.out_error", msg[:500])
+
+
+def _client(project_dir: Path):
+    """A client on the project's store that creates nothing (reading lineage must not add an experiment)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from protege.errors import UserFacingError
+
+    uri = tracking_uri(project_dir)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        raise UserFacingError(f"no MLflow store at {uri[len('sqlite:///'):]} (set MLFLOW_TRACKING_URI or pass the "
+                              "project folder that holds mlflow.db)")
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient()
+
+
+def output_run(project_dir: Path, path: str, digest: str) -> str | None:
+    """The newest stage run (finished ones first) that wrote `path` with DVC hash `digest`, in any experiment."""
+    client = _client(project_dir)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    if not experiments:
+        return None
+    key = tag_key(OUT_TAG, path)
+    runs = client.search_runs(experiments, filter_string=f"tags.`{key}` = '{digest}'",
+                              order_by=["attributes.start_time DESC"], max_results=50)
+    runs = sorted(runs, key=lambda r: r.info.status != "FINISHED")  # stable: newest first within each group
+    return runs[0].info.run_id if runs else None
+
+
+def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """(name, alias, version) of `models:/NAME@ALIAS` or `models:/NAME/VERSION`."""
+    from protege.errors import UserFacingError
+
+    rest = uri[len("models:/"):] if uri.startswith("models:/") else None
+    if rest and "@" in rest:
+        name, alias = rest.rsplit("@", 1)
+        if name and alias:
+            return name, alias, None
+    elif rest and "/" in rest:
+        name, version = rest.rsplit("/", 1)
+        if name and version.isdigit():
+            return name, None, version
+    raise UserFacingError(f"{uri!r} is not a model URI: expected models:/NAME@ALIAS or models:/NAME/VERSION")
+
+
+def model_version(project_dir: Path, uri: str) -> dict[str, Any]:
+    """name, version, aliases, tags and source run of a registered version; a one-line error naming what is
+    unknown (the model, the alias or the version)."""
+    from mlflow.exceptions import MlflowException
+
+    from protege.errors import UserFacingError
+
+    name, alias, version = parse_model_uri(uri)
+    client = _client(project_dir)
+    try:
+        client.get_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":  # an unreachable or broken store is not "unknown"
+            raise UserFacingError(f"{tracking_uri(project_dir)}: {str(exc).splitlines()[0]}") from None
+        raise UserFacingError(f"no registered model '{name}' in {tracking_uri(project_dir)}") from None
+    try:
+        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    except MlflowException as exc:
+        # a missing alias is INVALID_PARAMETER_VALUE, a missing version RESOURCE_DOES_NOT_EXIST (MLflow 3.17)
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise UserFacingError(f"{tracking_uri(project_dir)}: {str(exc).splitlines()[0]}") from None
+        what = f"alias '{alias}'" if alias else f"version {version}"
+        raise UserFacingError(f"registered model '{name}' has no {what}") from None
+    return {"name": name, "version": str(mv.version), "aliases": sorted(mv.aliases or []), "tags": dict(mv.tags),
+            "run_id": mv.run_id}
+
+
+def log_artifacts_to(project_dir: Path, run_id: str, paths: list[Path], artifact_path: str) -> None:
+    client = _client(project_dir)
+    for path in paths:
+        client.log_artifact(run_id, str(path), artifact_path)
+
+
+def read_artifact_text(project_dir: Path, artifact_uri: str) -> str:
+    """The text of one artifact (`runs:/RUN/PATH`), through the tracking API (works against a server too)."""
+    import tempfile
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from protege.errors import UserFacingError
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    _client(project_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            got = mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=tmp)
+        except (MlflowException, OSError) as exc:
+            raise UserFacingError(f"cannot read {artifact_uri}: {str(exc).splitlines()[0]}") from None
+        return Path(got).read_text()
 
 
 def download_artifacts(project_dir: Path, run_id: str, artifact_path: str, dst: Path) -> Path:
@@ -304,3 +508,35 @@ def close_study_run(project_dir: Path, run_id: str, status: str, metrics: dict[s
             client.log_artifact(run_id, str(path))
     client.set_terminated(run_id, status=status)
 
+
+
+# --- retraining: the registry's champion as a checkpoint folder ------------------------------------------------
+
+def export_model_version(project_dir: Path, model_name: str, alias: str, dst: Path) -> str | None:
+    """Copies the checkpoint of `models:/NAME@ALIAS` (or `models:/NAME/VERSION` when `alias` is a number)
+    into `dst` (replaced whole, never half-written); returns its version, or None when there is none."""
+    import shutil
+    import tempfile
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    mlflow = _mlflow(project_dir)
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client = MlflowClient()
+        mv = (client.get_model_version(model_name, alias) if str(alias).isdigit()
+              else client.get_model_version_by_alias(model_name, alias))
+    except MlflowException:
+        return None
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as tmp:
+        got = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{mv.version}",
+                                                       dst_path=tmp))
+        old = dst.with_name(f".{dst.name}.old")
+        if dst.exists():
+            os.replace(dst, old)
+        os.replace(got, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    return mv.version

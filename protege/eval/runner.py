@@ -10,7 +10,7 @@ from PIL import Image
 from protege.eval.items import BenchItem
 from protege.eval.prompts import build_prompt
 from protege.eval.score import Prediction
-from protege.generation.transformers_backend import Sampling, sample
+from protege.generation.transformers_backend import Sampling, complete
 
 
 def decode_images(item: BenchItem) -> list[Image.Image]:
@@ -33,8 +33,9 @@ def generate_predictions(model, processor, items: list[BenchItem], batch_size: i
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         t0 = time.perf_counter()
-        batch = processor.encode_prompts([prompts[i] for i in chunk], [decode_images(items[i]) for i in chunk])
-        c = sample(model, processor, batch, sampling)
+        images = [decode_images(items[i]) for i in chunk]
+        batch = processor.encode_prompts([prompts[i] for i in chunk], images)
+        c = complete(model, processor, batch, images, sampling)  # `model` may be a vLLM engine
         seconds = time.perf_counter() - t0
         for i, text, n in zip(chunk, c.texts, c.completion_mask.sum(dim=1).tolist()):
             by_item[i] = Prediction(items[i].index, text, int(n), seconds)

@@ -1,1 +1,2 @@
-"""Generation backends (transformers: batched with KV cache; vLLM and HTTP come with later stages)."""
+"""Generation backends: transformers (batched, KV cache; the default) and vLLM (vllm_backend, optional), both
+producing `transformers_backend.Completions`; `transformers_backend.complete` takes either."""

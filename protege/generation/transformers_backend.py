@@ -33,6 +33,7 @@ class Completions:
     prompt_len: int                  # P: prompts are left-padded to one length
     completion_mask: torch.Tensor    # [N, L] 1 up to and including the first end-of-turn token
     texts: list[str] = field(default_factory=list)
+    logprobs: torch.Tensor | None = None  # [N, L] the sampled tokens' log-probs, where a backend reports them
 
 
 def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -62,15 +63,27 @@ def sample(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], s
     return Completions(out, prompt_len, mask, [t.strip() for t in texts])
 
 
+def complete(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], images: list, sampling: Sampling,
+             num_return_sequences: int = 1) -> Completions:
+    """`sample` with a transformers model, or with a generation engine standing in for it (e.g.
+    vllm_backend.VLLMGenerator), which also needs each prompt's images as pictures: it runs its own image
+    processor. Every caller that may be handed either goes through here."""
+    if isinstance(model, torch.nn.Module):
+        return sample(model, processor, batch, sampling, num_return_sequences)
+    return model.sample(processor, batch, images, sampling, num_return_sequences)
+
+
 def generate_answers(model, processor: StudentProcessor, questions: list[str], images: list[Image.Image],
                      sampling: Sampling, batch_size: int, num_return_sequences: int = 1,
                      progress=None) -> tuple[list[str], list[int], float]:
-    """Answers for many prompts in batches: (texts, completion token counts, seconds)."""
+    """Answers for many prompts in batches: (texts, completion token counts, seconds). `model` may also be a
+    generation engine (see `complete`)."""
     texts, tokens, t0 = [], [], time.perf_counter()
     for i in range(0, len(questions), batch_size):
         batch = processor.encode_prompts(questions[i:i + batch_size], images[i:i + batch_size])
-        batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}  # e.g. RL on CUDA
-        c = sample(model, processor, batch, sampling, num_return_sequences)
+        if isinstance(model, torch.nn.Module):  # e.g. RL on CUDA; an engine takes its prompts on the CPU
+            batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        c = complete(model, processor, batch, images[i:i + batch_size], sampling, num_return_sequences)
         texts += c.texts
         tokens += c.completion_mask.sum(dim=1).tolist()
         if progress:

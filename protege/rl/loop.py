@@ -21,20 +21,22 @@ import torch.nn.functional as F
 from protege.config import RLConfig
 from protege.data.rows import Row
 from protege.errors import UserFacingError
-from protege.generation.transformers_backend import Sampling, sample
+from protege.generation.transformers_backend import Sampling, complete
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.rewards.judge import rule_judge
 from protege.rewards.similarity import similarity_reward
 from protege.rl.advantages import group_advantages
 from protege.paths import checkpoints
-from protege.rl.checkpoint import read_state, recover_state, restore_state, save_state
 from protege.rl.group import build_group
 from protege.rl.logprobs import completion_logprobs, repeat_vision
 from protege.rl.losses import policy_loss
-from protege.rl.placement import CPU, resolve_device, to_device, visiting
 from protege.rl.trainable import select_trainable
-from protege.rl.updaters import barrier, make_updater, world
+from protege.train.runtime.distributed import barrier, world
+from protege.train.runtime.placement import CPU, resolve_device, to_device, visiting
+from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, read_state, recover_state,
+                                         restore_state, save_state)
+from protege.train.runtime.updaters import make_updater
 
 
 @dataclass
@@ -62,7 +64,7 @@ def fingerprint(cfg: RLConfig, seed: int, inputs_digest: str = "") -> str:
     the learning rate is constant, so the first N steps of a longer run are the run of N steps, and raising
     rl.steps continues a finished run (`resumable`).
     """
-    params = cfg.model_dump(exclude={"offload_idle", "baseline", "steps"})
+    params = cfg.model_dump(exclude={"offload_idle", "baseline", "steps", "vllm_memory"})
     blob = json.dumps([params, seed, world()[1]] + ([inputs_digest] if inputs_digest else []), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -94,6 +96,21 @@ def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], 
     return batch
 
 
+def _rollout_engine(cfg: RLConfig, policy, processor: StudentProcessor, updater, seed: int, rank: int,
+                    world_size: int, start: int):
+    """The policy (transformers) or a vLLM engine serving a copy of its weights, one per process. A resumed run
+    seeds its engine anew (from the step it resumes at): exact resume holds for transformers sampling only."""
+    if cfg.generation == "transformers":
+        return policy
+    from protege.generation.vllm_backend import generator_from_model
+
+    # several processes: each engine joins the launcher's process group and stays on its own device
+    extra = {"distributed_executor_backend": "external_launcher"} if world_size > 1 else {}
+    with updater.gathered():
+        return generator_from_model(policy, processor, seed=seed * 1_000_003 + rank * 1009 + start,
+                                    memory=cfg.vllm_memory, **extra)
+
+
 def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLConfig, out_dir: Path, seed: int,
            on_log: Callable[[int, dict], None] | None = None, state_dir: Path | None = None,
            stop_after: int | None = None, inputs_digest: str = "",
@@ -112,7 +129,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     if cfg.questions_per_step < world_size:
         raise UserFacingError(f"rl.questions_per_step ({cfg.questions_per_step}) must be at least the number of "
                               f"processes ({world_size})")
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "rl.device")
     disc = inputs.discriminator if ril else None
     if ril and disc is None:
         raise UserFacingError("rl.algorithm 'ril' needs a pretrained discriminator (run disc_pretrain first)")
@@ -128,6 +145,12 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     disc_updater = (make_updater(cfg.backend, disc, list(disc.parameters()), cfg.disc_lr, cfg.zero_stage, device)
                     if disc is not None and cfg.discriminator == "updated" else None)
     disc_host = disc_updater if disc_updater is not None else disc  # what moves when the discriminator visits
+    # what exact resume brings back, by name (the file names of a state folder)
+    parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
+    if disc is not None:
+        parts["discriminator"] = Weights(disc_updater if disc_updater is not None else disc)
+    if disc_updater is not None:  # absent when the discriminator is fixed
+        parts["disc_optimizer"] = OptimizerState(disc_updater)
     ref.eval().requires_grad_(False)
     sampling = Sampling(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                         repetition_penalty=cfg.repetition_penalty, max_new_tokens=cfg.max_new_tokens)
@@ -158,10 +181,12 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         recover_state(state_dir)
     barrier()
     if state_dir is not None and resumable(meta := read_state(state_dir), fp, cfg.steps):
-        restore_state(state_dir, meta, policy=policy, disc=disc, updater=updater, disc_updater=disc_updater,
-                      py_rng=rng, device=device, rank=rank)
+        restore_state(state_dir, meta, parts=parts, py_rng=rng, rank=rank)
         order, start = meta["cursor"]["order"], meta["step"] + 1
         saved = checkpoints(out_dir)
+
+    # who samples: the policy itself, or a vLLM engine started from its current (possibly resumed) weights
+    rollout = _rollout_engine(cfg, policy, processor, updater, seed, rank, world_size, start)
 
     def after_update(step: int) -> None:  # the learning curve's hook, on the weights after `step` updates
         if inputs.evaluator is None or not eval_due(step, cfg):
@@ -191,8 +216,10 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                             device)
 
         # 2. G student samples per question from pi_old (= the current policy); G teacher answers for RIL
+        t_rollout = time.perf_counter()
         with updater.gathered():
-            student = sample(policy, processor, prompts, sampling, num_return_sequences=G)
+            student = complete(rollout, processor, prompts, [r.image for r in batch_rows], sampling, G)
+        rollout_s = time.perf_counter() - t_rollout
         group, is_teacher, texts = build_group(student, prompts["input_ids"],
                                                teacher_texts if with_teachers else [[] for _ in batch_rows], tok, G)
         per_q = group.sequences.shape[0] // len(batch_rows)
@@ -206,7 +233,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             with visiting(disc_host, device, offload_disc):
                 if disc_updater is not None:
                     for _ in range(cfg.disc_updates):
-                        disc_updater.step(F.binary_cross_entropy_with_logits(disc(**d_batch), d_labels))
+                        disc_updater.update(F.binary_cross_entropy_with_logits(disc(**d_batch), d_labels))
                 with torch.no_grad():
                     disc.eval()
                     d_all = torch.sigmoid(disc(**d_batch)).cpu()  # [B * 2G]; rewards are assembled on the CPU
@@ -243,7 +270,13 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         if not torch.isfinite(loss):
             raise FloatingPointError(f"RL loss is {loss.item()} at step {step}; last good checkpoint: "
                                      f"{saved[-1] if saved else 'none (the SFT model)'}")
-        updater.step(loss)
+        t_update = time.perf_counter()
+        updater.update(loss)
+        update_s = time.perf_counter() - t_update
+        if rollout is not policy:  # the engine samples the next step: it gets the updated weights now
+            with updater.gathered():
+                rollout.sync_weights(policy)
+        sync_s = time.perf_counter() - t_update - update_s
         seconds = time.perf_counter() - t0  # the step itself: the curve's evaluation and saves are not in it
         after_update(step)  # before the state save: a resumed run never misses a point
 
@@ -253,9 +286,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                 if rank == 0:
                     save_student(policy, processor, saved[-1])
             if state_dir is not None:  # collective under DeepSpeed
-                save_state(state_dir, step=step, policy=policy, disc=disc, updater=updater, disc_updater=disc_updater,
-                           py_rng=rng, cursor={"order": order}, fingerprint=fp, device=device, rank=rank,
-                           world_size=world_size, barrier=barrier)
+                save_state(state_dir, step=step, parts=parts, py_rng=rng, cursor={"order": order}, fingerprint=fp,
+                           rank=rank, world_size=world_size, barrier=barrier)
                 if on_state_saved is not None and rank == 0:
                     on_state_saved(step)
         if on_log:
@@ -269,6 +301,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                 "response_length": float(mask[s_rows].sum() / max(int(s_rows.sum()), 1)),
                 "advantage_mean": adv.mean().item(), "advantage_std": adv.std().item(),
                 "samples_per_s": mask.shape[0] / seconds, "tokens_per_s": n_tok / seconds,
+                "rollout_tokens_per_s": float(student.completion_mask.sum()) / rollout_s, "update_s": update_s,
+                "sync_s": sync_s,
                 "skipped_questions": float(skipped)})
             if ril:
                 metrics["similarity_reward_student"] = sim[s_rows].mean().item()
@@ -278,4 +312,6 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             on_log(step, metrics)
         if stop_after is not None and step >= stop_after:
             break
+    if rollout is not policy:
+        rollout.close()
     return saved

@@ -1,11 +1,13 @@
 """Small helpers shared by stage recipes."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 from rich.console import Console
 
+from protege import tracking
 from protege.paths import STAGE_METRICS
 
 console = Console(stderr=True, soft_wrap=True)  # long lines stay whole in logs
@@ -23,6 +25,16 @@ def step_logger(stage: str, run, every_print: int = 1):
         if step % every_print == 0:
             say(stage, f"step {step}: {shown}")
     return log
+
+
+QuietRun = tracking.QuietRun  # the stages that train pick it for ranks > 0 themselves too
+
+
+def inputs_digest(root: Path, rels: list) -> str:
+    """Identifies the files a training run starts from by DVC's hash, or outside DVC by names, sizes and
+    mtimes, without reading them: a resume state from other inputs is not resumed."""
+    parts = [tracking.dvc_digest(root, rel) or tracking.stat_digest(root / rel) for rel in rels]
+    return hashlib.sha256(json.dumps([str(r) for r in rels] + parts).encode()).hexdigest()[:16]
 
 
 def write_stage_metrics(root: Path, stage: str, metrics: dict) -> Path:

@@ -1,6 +1,10 @@
-"""disc_pretrain: the discriminator learns to tell student answers (1) from teacher answers (0)."""
+"""disc_pretrain: the discriminator learns to tell student answers (1) from teacher answers (0).
+
+Like sft it saves its training state (models/.state/disc_pretrain) for exact resume after a kill, and runs
+as several processes under torchrun with disc_pretrain.backend deepspeed; rank 0 alone records and writes."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -15,9 +19,11 @@ from protege.paths import (
     ROLLOUTS,
     SFT_MODEL,
     TEACHER_ANSWERS,
+    TRAINING_STATES,
 )
-from protege.stages.common import say, step_logger, write_stage_metrics
+from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
 from protege.train.disc_pretrain import Example, pretrain_discriminator
+from protege.train.runtime.distributed import world
 
 
 def balanced_teacher_answers(teacher: pd.DataFrame, student: pd.DataFrame, seed: int) -> pd.DataFrame:
@@ -29,6 +35,9 @@ def balanced_teacher_answers(teacher: pd.DataFrame, student: pd.DataFrame, seed:
 
 
 def run(cfg: Config, root: Path, run) -> None:
+    lead = world()[0] == 0
+    if not lead:
+        run = QuietRun()
     run.log_params(cfg.disc_pretrain.model_dump(), "disc_pretrain.")
     for rel, ctx in ((ROLLOUTS, "student_answers"), (TEACHER_ANSWERS, "teacher_answers"), (SFT_MODEL, "init")):
         run.log_input(rel, context=ctx)
@@ -40,14 +49,24 @@ def run(cfg: Config, root: Path, run) -> None:
     examples = [Example(qid, rows[qid].question, rows[qid].image, ans, label)
                 for frame, label in ((student, 1.0), (teacher, 0.0))
                 for qid, ans in zip(frame["question_id"], frame["answer"])]
-    say("disc_pretrain", f"{len(student)} student + {len(teacher)} teacher answers "
-                         f"({teacher['teacher'].value_counts().to_dict()})")
+    if lead:
+        say("disc_pretrain", f"{len(student)} student + {len(teacher)} teacher answers "
+                             f"({teacher['teacher'].value_counts().to_dict()})")
     disc = Discriminator.from_student(root / SFT_MODEL)
     processor = StudentProcessor.from_pretrained(root / SFT_MODEL)
+
+    def save(trained: Discriminator) -> None:
+        trained.save(root / DISCRIMINATOR)
+        processor.save_pretrained(root / DISCRIMINATOR)
+
+    state = root / TRAINING_STATES / "disc_pretrain"
     result = pretrain_discriminator(disc, processor, examples, cfg.disc_pretrain, cfg.seed,
-                                    on_log=step_logger("disc_pretrain", run))
-    disc.save(root / DISCRIMINATOR)
-    processor.save_pretrained(root / DISCRIMINATOR)
+                                    on_log=step_logger("disc_pretrain", run) if lead else None, state_dir=state,
+                                    inputs_digest=inputs_digest(root, [CURATED_RL, ROLLOUTS, TEACHER_ANSWERS,
+                                                                       SFT_MODEL]), save_final=save)
+    if not lead:
+        return
+    shutil.rmtree(state, ignore_errors=True)  # the discriminator is written: a finished run needs no state
     run.log_metrics(result)
     run.log_model(root / DISCRIMINATOR, "discriminator", params=cfg.disc_pretrain.model_dump())
     write_stage_metrics(root, "disc_pretrain", result)

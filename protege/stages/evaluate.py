@@ -81,9 +81,15 @@ def run(cfg: Config, root: Path, run) -> None:
     for model_name, rel in models.items():
         run.log_input(rel, context=f"model:{model_name}")
         model, processor = load_student(root / rel)
+        if ev.generation == "vllm":  # an engine answers in the model's place, from a temporary copy of it
+            from protege.generation.vllm_backend import generator_from_model
+
+            model = generator_from_model(model, processor, seed=cfg.seed)
         summary = evaluate_model(model, processor, suite, ev, root / EVAL_DIR / model_name, complete, cfg.seed,
                                  log=lambda m, n=model_name: say("evaluate", f"{n} {m}"), grader=grader)
         world, items = evaluate_rows(model, processor, test_rows, ev.batch_size, ev.max_new_tokens)
+        if ev.generation == "vllm":
+            model.close()  # its device memory goes back before the next model's engine starts
         world = world_summary(world, items, ev.bootstrap, cfg.seed)
         items_by_model[model_name] = items
         world_items += [{"model": model_name, **i} for i in items]

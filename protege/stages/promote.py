@@ -1,11 +1,12 @@
-"""promote: register the candidate in MLflow; move alias `champion` only when its benchmark average beats
-the champion's by more than promote.margin points."""
+"""promote: register the candidate in MLflow with its lineage (protege/lineage.py); the new version takes alias
+`challenger`, and `champion` moves to it only when its benchmark average beats the champion's by more than
+promote.margin points."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from protege import tracking
+from protege import lineage, tracking
 from protege.config import Config
 from protege.paths import EVAL_JSON, PROMOTION
 from protege.stages.common import say
@@ -27,16 +28,22 @@ def run(cfg: Config, root: Path, run) -> None:
     report = json.loads((root / EVAL_JSON).read_text())
     candidate = report["models"][report["candidate"]]
     score = float(report["score"])
-    model_id = run.log_model(root / candidate["path"], report["candidate"], params={"score": score})
     name = cfg.promote.model_name
+    # before the checkpoint is uploaded: a pipeline without dvc.lock fails here, cheaply
+    record, tags = lineage.record_and_tags(root, run, name, report["candidate"], candidate["path"])
+    for warning in record["warnings"]:
+        say("promote", f"[yellow]warning[/]: {warning}")
+    model_id = run.log_model(root / candidate["path"], report["candidate"], params={"score": score})
     old_version, old_score, old_on = tracking.champion(root, name)
     scored_on = f"{report['suite']}|{report['protocol']}"
     same = old_on == scored_on
     promote = decide(score, old_score, cfg.promote.margin, same, has_champion=old_version is not None)
-    version = tracking.register(root, model_id, name, score, make_champion=promote, scored_on=scored_on)
+    version = tracking.register(root, model_id, name, score, make_champion=promote, scored_on=scored_on,
+                                 tags=tags)
     result = {"model_name": name, "version": version, "score": score, "scored_on": scored_on, "promoted": promote,
               "previous_champion_version": old_version, "previous_champion_score": old_score,
-              "previous_champion_scored_on": old_on}
+              "previous_champion_scored_on": old_on,
+              "lineage": tags[lineage.TAG + "record"]}
     (root / PROMOTION).write_text(json.dumps(result, indent=2))
     run.log_metrics({"score": score, "promoted": float(promote)})
     if old_version is None:

@@ -32,11 +32,11 @@ from protege.paths import (
     TEACHER_ANSWERS,
 )
 from protege.rewards.llm_judge import LLMJudge
-from protege.rl.checkpoint import read_state, recover_state
 from protege.rl.loop import RLInputs, fingerprint, resumable, run_rl
-from protege.rl.updaters import world
 from protege.stages.common import say, step_logger, write_stage_metrics
 from protege.teachers.factory import build_teacher
+from protege.train.runtime.distributed import world
+from protege.train.runtime.state import read_state, recover_state
 
 STATE = "state"
 CURVE = Path("reports/rl/learning_curve.csv")  # DVC plots: step, accuracy, one column per question kind

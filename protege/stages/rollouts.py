@@ -21,6 +21,10 @@ def run(cfg: Config, root: Path, run) -> None:
     run.log_input(SFT_MODEL, context="student")
     torch.manual_seed(cfg.seed)
     model, processor = load_student(root / SFT_MODEL)
+    if c.generation == "vllm":  # an engine samples in the student's place, from a temporary copy of it
+        from protege.generation.vllm_backend import generator_from_model
+
+        model = generator_from_model(model, processor, seed=cfg.seed, memory=c.vllm_memory)
     rows = load_rows(root / CURATED_RL)
     sampling = Sampling(do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                         max_new_tokens=c.max_new_tokens)
@@ -28,6 +32,8 @@ def run(cfg: Config, root: Path, run) -> None:
         model, processor, [r.question for r in rows], [r.image for r in rows], sampling, batch_size=32,
         num_return_sequences=c.samples_per_question,
         progress=lambda done, total: say("rollouts", f"{done}/{total} questions"))
+    if c.generation == "vllm":
+        model.close()
     n = c.samples_per_question
     df = pd.DataFrame([{"question_id": r.id, "sample_index": k, "answer": texts[i * n + k], "tokens": tokens[i * n + k]}
                        for i, r in enumerate(rows) for k in range(n)])

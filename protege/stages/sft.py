@@ -1,25 +1,49 @@
-"""sft: supervised warm-up of the base student on the train split; the result is pi_init and pi_ref."""
+"""sft: supervised warm-up of the student on the train split plus the retraining pool; the result is
+pi_init and pi_ref. It starts from `sft.init` (the base student, or the registry's champion when retraining).
+
+The training state is saved to models/.state/sft every sft.save_every steps; a run killed and started again
+with the same params and inputs resumes there and ends with the same weights. Several processes under
+torchrun (sft.backend deepspeed) each train on a slice of every batch; rank 0 alone records and writes."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from protege.config import Config
 from protege.data.rows import load_rows
 from protege.models.student import load_student, save_student
-from protege.paths import BASE_MODEL, SFT_MODEL, SPLIT_TABLES
-from protege.stages.common import say, step_logger, write_stage_metrics
+from protege.paths import SFT_MODEL, SPLIT_TABLES, TRAINING_STATES
+from protege.pool import pool_tables
+from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
+from protege.train.runtime.distributed import world
 from protege.train.sft import train_sft
 
 
 def run(cfg: Config, root: Path, run) -> None:
+    lead = world()[0] == 0
+    if not lead:
+        run = QuietRun()
     run.log_params(cfg.sft.model_dump(), "sft.")
     run.log_input(SPLIT_TABLES["train"], context="train")
-    run.log_input(BASE_MODEL, context="base_model")
-    model, processor = load_student(root / BASE_MODEL)
+    run.log_input(cfg.sft.init, context="init_model")
+    model, processor = load_student(root / cfg.sft.init)
     rows = load_rows(root / SPLIT_TABLES["train"])
-    say("sft", f"{len(rows)} examples, {cfg.sft.steps} steps of {cfg.sft.batch_size}")
-    result = train_sft(model, processor, rows, cfg.sft, cfg.seed, on_log=step_logger("sft", run))
-    save_student(model, processor, root / SFT_MODEL)
+    pooled = pool_tables(root)
+    for table in pooled:
+        run.log_input(table.relative_to(root), context="pool")
+        rows += load_rows(table)
+    if lead:
+        say("sft", f"{len(rows)} examples ({len(pooled)} pool batches), from {cfg.sft.init}, "
+                   f"{cfg.sft.steps} steps of {cfg.sft.batch_size}")
+    state = root / TRAINING_STATES / "sft"
+    digest = inputs_digest(root, [SPLIT_TABLES["train"], cfg.sft.init, *(t.relative_to(root) for t in pooled)])
+    result = train_sft(model, processor, rows, cfg.sft, cfg.seed, on_log=step_logger("sft", run) if lead else None,
+                       state_dir=state, inputs_digest=digest,
+                       save_final=lambda m: save_student(m, processor, root / SFT_MODEL))
+    if not lead:
+        return
+    shutil.rmtree(state, ignore_errors=True)  # the checkpoint is written: a finished run needs no state
     run.log_model(root / SFT_MODEL, "sft", params=cfg.sft.model_dump())
     write_stage_metrics(root, "sft", result)
-    say("sft", f"done in {result['seconds']:.1f} s -> {SFT_MODEL}")
+    resumed = f", resumed after step {result['resumed_after_step']}" if result["resumed_after_step"] else ""
+    say("sft", f"done in {result['seconds']:.1f} s{resumed} -> {SFT_MODEL}")

@@ -13,6 +13,7 @@ from protege.models.processor import StudentProcessor
 from protege.models.student import build_student, save_student
 from protege.models.tokenizer import train_tokenizer
 from protege.paths import BASE_MODEL, WORLD
+from protege.pool import ensure_pool
 from protege.stages.common import say, write_stage_metrics
 from protege.world.generate import generate_world
 from protege.world.teachers import all_templates
@@ -25,6 +26,7 @@ def run(cfg: Config, root: Path, run) -> None:
     if out.exists():
         shutil.rmtree(out)
     frames = generate_world(cfg.world, out)
+    ensure_pool(root)  # sft lists the retraining pool as a dependency, so it exists from the start (empty)
     say("world", ", ".join(f"{k}: {len(v)} rows" for k, v in frames.items()) + f" -> {WORLD}")
 
     # the tokenizer learns the world's text (questions, answers, teacher phrasings) and nothing else

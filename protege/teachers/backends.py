@@ -156,23 +156,25 @@ class TransformersTeacher:
 
 @dataclass
 class VLLMTeacher:
-    """vLLM's offline engine on a GPU (extra `gpu`); imported only when used."""
+    """vLLM's offline engine (extra `gpu`; the CPU build serves text-only models); imported only when used."""
     name: str
     model_path: str
     sampling: SamplingParams = field(default_factory=SamplingParams)
     revision: str = ""
     engine_kwargs: dict = field(default_factory=dict)
+    seed: int = 0
+    llm: object = None  # an engine already serving these weights, shared instead of starting a second one
 
     def __post_init__(self) -> None:
-        try:
-            from vllm import LLM
-        except ImportError as exc:
-            raise RuntimeError("the vllm teacher backend needs vLLM on a CUDA machine: pip install 'protege[gpu]'") from exc
+        from protege.generation.vllm_backend import require_vllm, start_engine
+
+        require_vllm()
         if not self.revision:  # the weights' hash, not the path: retrained weights at one path are asked anew
             from protege.teachers.cache import weights_digest
 
             self.revision = weights_digest(self.model_path)
-        self.llm = LLM(model=str(self.model_path), **self.engine_kwargs)
+        if self.llm is None:
+            self.llm = start_engine(self.model_path, seed=self.seed, **self.engine_kwargs)
 
     def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
         from PIL import Image

@@ -16,7 +16,7 @@ def build_teacher(spec: TeacherSpec, root: Path, error_rate: float, seed: int) -
     if spec.backend == "transformers":
         return TransformersTeacher(spec.name, path, sampling, batch_size=spec.batch_size, seed=seed)
     if spec.backend == "vllm":
-        return VLLMTeacher(spec.name, str(path), sampling)
+        return VLLMTeacher(spec.name, str(path), sampling, seed=seed)
     from protege.teachers.openai_backend import OpenAITeacher
 
     return OpenAITeacher(spec.name, spec.base_url, spec.model, sampling, api_key_env=spec.api_key_env,

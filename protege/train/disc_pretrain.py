@@ -1,7 +1,14 @@
-"""Discriminator pretraining: BCE with student answers -> 1 and answers of any teacher -> 0."""
+"""Discriminator pretraining: BCE with student answers -> 1 and answers of any teacher -> 0.
+
+It runs on the shared training runtime as sft does: device, torch or DeepSpeed updates, a training state
+every disc_pretrain.save_every steps for exact resume, and several processes (each a slice of every batch,
+the loss a mean over the whole batch) under torchrun with backend deepspeed.
+"""
 from __future__ import annotations
 
+import math
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,8 +17,16 @@ import torch.nn.functional as F
 from PIL import Image
 
 from protege.config import DiscPretrainConfig
+from protege.errors import UserFacingError
 from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
+from protege.train.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
+from protege.train.runtime.placement import resolve_device, to_device
+from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fingerprint, prepare_state,
+                                         restore_state, save_state)
+from protege.train.runtime.updaters import make_updater
+
+NOT_RESULTS = {"save_every"}  # when states are saved never changes the weights
 
 
 @dataclass
@@ -39,11 +54,12 @@ def _batch(processor: StudentProcessor, examples: list[Example]) -> dict[str, to
 
 
 @torch.no_grad()
-def evaluate(disc: Discriminator, processor: StudentProcessor, examples: list[Example], batch_size: int) -> dict:
+def evaluate(disc: Discriminator, processor: StudentProcessor, examples: list[Example], batch_size: int,
+             device: torch.device = torch.device("cpu")) -> dict:
     disc.eval()
     scores = []
     for i in range(0, len(examples), batch_size):
-        scores += torch.sigmoid(disc(**_batch(processor, examples[i:i + batch_size]))).tolist()
+        scores += torch.sigmoid(disc(**to_device(_batch(processor, examples[i:i + batch_size]), device))).tolist()
     disc.train()
     labels = [e.label for e in examples]
     acc = sum((s >= 0.5) == (y == 1) for s, y in zip(scores, labels)) / max(1, len(labels))
@@ -60,24 +76,57 @@ def split_by_question(examples: list[Example], holdout_fraction: float, seed: in
 
 def pretrain_discriminator(disc: Discriminator, processor: StudentProcessor, examples: list[Example],
                            cfg: DiscPretrainConfig, seed: int,
-                           on_log: Callable[[int, dict], None] | None = None) -> dict:
+                           on_log: Callable[[int, dict], None] | None = None, *, state_dir=None,
+                           inputs_digest: str = "", stop_after: int | None = None,
+                           save_final: Callable[[Discriminator], None] | None = None) -> dict:
+    """Trains `disc` in place, then scores the held-out questions. `state_dir`, `inputs_digest`,
+    `stop_after` and `save_final` work as in train_sft."""
+    rank, world_size = world()
     train, held = split_by_question(examples, cfg.holdout_fraction, seed)
+    batch_size = min(cfg.batch_size, len(train))
+    if batch_size < world_size:
+        raise UserFacingError(f"disc_pretrain.batch_size ({batch_size}, capped at {len(train)} training answers) "
+                              f"must be at least the number of processes ({world_size})")
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    opt = torch.optim.AdamW(disc.parameters(), lr=cfg.lr)
+    device = resolve_device(cfg.device, "disc_pretrain.device")
+    disc.to(device)
+    # torch AdamW's default weight decay and no clipping: the settings the demo's discriminator was tuned with
+    updater = make_updater(cfg.backend, disc, list(disc.parameters()), cfg.lr, cfg.zero_stage, device,
+                           key="disc_pretrain.backend", weight_decay=0.01, clip=0.0)
     disc.train()
+    parts = {"discriminator": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
+    fp = fingerprint(cfg.model_dump(exclude=NOT_RESULTS), seed, inputs_digest)
+    start = 1
+    if state_dir is not None and (meta := prepare_state(state_dir, fp, rank, barrier)) is not None:
+        restore_state(state_dir, meta, parts=parts, py_rng=rng, rank=rank)
+        start = meta["step"] + 1
     log_every = max(1, cfg.steps // 10)
-    for step in range(1, cfg.steps + 1):
-        batch_ex = rng.sample(train, min(cfg.batch_size, len(train)))
-        logits = disc(**_batch(processor, batch_ex))
-        target = torch.tensor([e.label for e in batch_ex])
-        loss = F.binary_cross_entropy_with_logits(logits, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if on_log and (step % log_every == 0 or step == cfg.steps):
-            acc = ((logits.detach() >= 0) == (target == 1)).float().mean().item()
-            on_log(step, {"loss": loss.item(), "train_batch_accuracy": acc})
-    metrics = evaluate(disc, processor, held, cfg.batch_size)
+    t0 = time.perf_counter()
+    for step in range(start, cfg.steps + 1):
+        batch_ex = rng.sample(train, batch_size)  # every rank draws the same batch ...
+        mine = batch_ex[rank::world_size]         # ... and trains on its slice
+        logits = disc(**to_device(_batch(processor, mine), device))
+        target = torch.tensor([e.label for e in mine], device=device)
+        loss = global_mean_share(F.binary_cross_entropy_with_logits(logits, target), len(mine), batch_size,
+                                 world_size)
+        step_loss = float(all_reduce_sum(loss) / world_size)
+        if not math.isfinite(step_loss):
+            raise FloatingPointError(f"discriminator loss is {step_loss} at step {step}; lower disc_pretrain.lr")
+        updater.update(loss)
+        if step % log_every == 0 or step == cfg.steps:  # every rank: the sum is collective
+            right = all_reduce_sum(((logits.detach() >= 0) == (target == 1)).float().sum())
+            if on_log:
+                on_log(step, {"loss": step_loss, "train_batch_accuracy": float(right) / batch_size})
+        if state_dir is not None and (step % cfg.save_every == 0 or step == cfg.steps):
+            save_state(state_dir, step=step, parts=parts, py_rng=rng, cursor={}, fingerprint=fp, rank=rank,
+                       world_size=world_size, barrier=barrier)
+        if stop_after is not None and step >= stop_after:
+            return {"steps": step, "seconds": time.perf_counter() - t0, "resumed_after_step": start - 1}
+    with updater.gathered():  # collective under ZeRO-3; every rank scores the same held-out answers
+        metrics = evaluate(disc, processor, held, cfg.batch_size, device)
+        if save_final is not None and rank == 0:
+            save_final(disc)
+    barrier()
     return {"heldout_accuracy": metrics["accuracy"], "heldout_auroc": metrics["auroc"],
-            "train_examples": len(train), "heldout_examples": len(held)}
+            "train_examples": len(train), "heldout_examples": len(held), "resumed_after_step": start - 1}

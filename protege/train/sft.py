@@ -1,4 +1,12 @@
-"""Supervised warm-up: cross-entropy on answer tokens only."""
+"""Supervised warm-up: cross-entropy on answer tokens only, on the shared training runtime.
+
+One process (sft.backend torch or deepspeed), or several under torchrun / the deepspeed launcher
+(sft.backend deepspeed): every process draws the same global batch of sft.batch_size rows, in the order
+one process would, and trains on its slice of it. The loss is the mean over all answer tokens of the
+global batch (distributed.global_mean_share), so N processes take the steps one process takes, up to the
+order of float sums. With a state folder the run saves its training state every sft.save_every steps and
+a re-run resumes from it, ending with bitwise the weights of an uninterrupted run (CPU, fp32).
+"""
 from __future__ import annotations
 
 import math
@@ -10,7 +18,16 @@ import torch
 
 from protege.config import SFTConfig
 from protege.data.rows import Row
+from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
+from protege.train.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
+from protege.train.runtime.placement import resolve_device, to_device
+from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fingerprint, prepare_state,
+                                         restore_state, save_state)
+from protege.train.runtime.updaters import make_updater
+
+# settings that change when things are logged or saved, never the weights: a state survives changing them
+NOT_RESULTS = {"log_every", "save_every"}
 
 
 def answer_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -18,6 +35,11 @@ def answer_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     inputs = {k: v for k, v in batch.items() if k != "answer_mask"}
     labels = batch["input_ids"].masked_fill(batch["answer_mask"] == 0, -100)
     return model(**inputs, labels=labels).loss
+
+
+def answer_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """How many tokens answer_loss averages over: answer tokens that some earlier position predicts."""
+    return int(batch["answer_mask"][:, 1:].sum())
 
 
 def lr_factor(step: int, cfg: SFTConfig) -> float:
@@ -31,33 +53,63 @@ def lr_factor(step: int, cfg: SFTConfig) -> float:
 
 
 def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfig, seed: int,
-              on_log: Callable[[int, dict], None] | None = None) -> dict:
+              on_log: Callable[[int, dict], None] | None = None, *, state_dir=None, inputs_digest: str = "",
+              stop_after: int | None = None, save_final: Callable[[torch.nn.Module], None] | None = None) -> dict:
+    """Trains `model` in place. With `state_dir`, resumes from a state of this very run found there
+    (same settings, seed, processes and `inputs_digest`) and saves one every `save_every` steps.
+    `save_final(model)` runs on rank 0 with whole weights (ZeRO-3 gathers them) once training is done;
+    `stop_after` ends the run after that step's state save without it, as a kill would (tests)."""
+    rank, world_size = world()
+    if cfg.batch_size < world_size:
+        raise UserFacingError(f"sft.batch_size ({cfg.batch_size}) must be at least the number of processes "
+                              f"({world_size}): each process trains on a slice of every batch")
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, cfg))
+    device = resolve_device(cfg.device, "sft.device")
+    model.to(device)
+    updater = make_updater(cfg.backend, model, list(model.parameters()), cfg.lr, cfg.zero_stage, device,
+                           key="sft.backend", weight_decay=cfg.weight_decay, lr_lambda=lambda i: lr_factor(i, cfg))
     model.train()
+    parts = {"model": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
+    fp = fingerprint(cfg.model_dump(exclude=NOT_RESULTS), seed, inputs_digest)
     order: list[int] = []
-    t0, running = time.perf_counter(), []
-    for step in range(1, cfg.steps + 1):
+    running: list[float] = []  # losses since the last progress line, so a resumed run logs the same means
+    start = 1
+    if state_dir is not None and (meta := prepare_state(state_dir, fp, rank, barrier)) is not None:
+        restore_state(state_dir, meta, parts=parts, py_rng=rng, rank=rank)
+        order, running, start = meta["cursor"]["order"], meta["cursor"]["running"], meta["step"] + 1
+    t0 = time.perf_counter()
+    for step in range(start, cfg.steps + 1):
         if len(order) < cfg.batch_size:  # reshuffle once per epoch
             fresh = list(range(len(rows)))
             rng.shuffle(fresh)
             order += fresh
         idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
-        batch = processor.encode_pairs([rows[i].question for i in idx], [rows[i].image for i in idx],
-                                       [rows[i].answer for i in idx])
-        loss = answer_loss(model, batch)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"SFT loss is {loss.item()} at step {step}; lower sft.lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        running.append(loss.item())
-        if on_log and (step % cfg.log_every == 0 or step == cfg.steps):
-            on_log(step, {"loss": sum(running) / len(running), "grad_norm": float(grad_norm),
-                          "seconds_per_step": (time.perf_counter() - t0) / step})
+        mine = idx[rank::world_size]  # every rank drew the same global batch
+        batch = to_device(processor.encode_pairs([rows[i].question for i in mine], [rows[i].image for i in mine],
+                                                 [rows[i].answer for i in mine]), device)
+        local = answer_tokens(batch)
+        total = int(all_reduce_sum(torch.tensor(local, device=device))) if world_size > 1 else local
+        loss = global_mean_share(answer_loss(model, batch), local, total, world_size)
+        step_loss = float(all_reduce_sum(loss) / world_size)  # the global batch's mean: the same on every rank
+        if not math.isfinite(step_loss):
+            raise FloatingPointError(f"SFT loss is {step_loss} at step {step}; lower sft.lr")
+        updater.backward(loss)
+        grad_norm = updater.step()
+        running.append(step_loss)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            if on_log:
+                on_log(step, {"loss": sum(running) / len(running), "grad_norm": grad_norm,
+                              "seconds_per_step": (time.perf_counter() - t0) / (step - start + 1)})
             running = []
-    return {"steps": cfg.steps, "seconds": time.perf_counter() - t0}
+        if state_dir is not None and (step % cfg.save_every == 0 or step == cfg.steps):
+            save_state(state_dir, step=step, parts=parts, py_rng=rng, cursor={"order": order, "running": running},
+                       fingerprint=fp, rank=rank, world_size=world_size, barrier=barrier)
+        if stop_after is not None and step >= stop_after:
+            return {"steps": step, "seconds": time.perf_counter() - t0, "resumed_after_step": start - 1}
+    if save_final is not None:
+        with updater.gathered():  # collective under ZeRO-3
+            if rank == 0:
+                save_final(model)
+        barrier()  # the checkpoint exists for every rank once this returns
+    return {"steps": cfg.steps, "seconds": time.perf_counter() - t0, "resumed_after_step": start - 1}

@@ -124,6 +124,8 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
     assert children["sft"].inputs.dataset_inputs, "sft logged no input dataset"
     champion = client.get_model_version_by_alias("protege-student", "champion")
     assert str(champion.version) == "1"
+    assert sorted(champion.aliases) == ["challenger", "champion"]  # a new version is the challenger, the first wins
+    lineage_reaches_the_world_data(proj, champion, {name: r.info.run_id for name, r in children.items()})
 
     # a second run has nothing to do, and a changed rl param re-runs only rl and what follows it
     params = proj / "params.yaml"
@@ -134,14 +136,42 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
     assert changed == {"rl", "rl_baseline"}, dry  # stages whose own inputs changed; downstream follows
 
 
+def lineage_reaches_the_world_data(proj: Path, version, runs: dict[str, str]) -> None:
+    """`protege lineage --json` walks from the merged checkpoint to the world's data, with dvc.lock's hashes,
+    nothing changed since; the version's tags name the runs of the checkpoint and of its parent."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "protege"), "lineage",
+                           "models:/protege-student@champion", "--json", "--project", str(proj)],
+                          env=project_env(proj), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    lock = yaml.safe_load((proj / "dvc.lock").read_text())["stages"]
+    hashes = {e["path"]: e["md5"] for st in lock.values() for e in st.get("deps", []) + st.get("outs", [])}
+    assert report["checkpoint"]["path"] == "models/merged" and report["checkpoint"]["stage"] == "merge"
+    assert report["checkpoint"]["md5"] == report["checkpoint"]["current"] == hashes["models/merged"]
+    assert [s["stage"] for s in report["stages"]][:2] == ["merge", "rl"] and "world" in [
+        s["stage"] for s in report["stages"]]
+    assert {s["stage"]: s["run_id"] for s in report["stages"]} == {s["stage"]: runs[s["stage"]]
+                                                                   for s in report["stages"]}
+    world = [s for s in report["sources"] if s["path"].startswith("data/world")]
+    assert {"data/world/train.parquet", "data/world/images/train"} <= {s["path"] for s in world}, world
+    for s in world:
+        assert s["md5"] == s["current"] == hashes[s["path"]] and s["from"] == ["world"], s
+    assert report["mismatches"] == [] and report["teacher_index_sha256"] != "absent"
+    tags = version.tags
+    assert tags["protege.lineage.run"] == runs["merge"] and tags["protege.lineage.parent.models/rl"] == runs["rl"]
+    assert tags["protege.lineage.data.data/teachers"] == hashes["data/teachers"]
+    assert tags["protege.lineage.data.data/world/train.parquet"] == hashes["data/world/train.parquet"]
+    assert tags["protege.lineage.git_commit"] == "none"  # `dvc init --no-scm`: no git repository
+
+
 def dvc(proj: Path, *args: str) -> str:
     return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=proj, env=project_env(proj), capture_output=True,
                           text=True, check=True).stdout
 
 
 def push_then_pull_into_a_fresh_clone(proj: Path, tmp_path: Path) -> None:
-    """`dvc push` to a folder remote, then a fresh clone (what git holds: code, dvc.yaml, dvc.lock, params and
-    the uncached reports) runs `dvc pull` and has every output back, byte for byte."""
+    """`dvc push` to a folder remote, then a fresh clone (what git holds: code, dvc.yaml, dvc.lock, params,
+    data/pool.dvc and the uncached reports) runs `dvc pull` and has every output back, byte for byte."""
     remote = tmp_path / "remote"
     dvc(proj, "remote", "add", "-d", "local", str(remote))
     dvc(proj, "push")
@@ -149,7 +179,8 @@ def push_then_pull_into_a_fresh_clone(proj: Path, tmp_path: Path) -> None:
     outs = {o["path"]: o.get("md5") for st in lock.values() for o in st.get("outs", [])}
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    for rel in ("dvc.yaml", "dvc.lock", "params.yaml"):
+    for rel in ("dvc.yaml", "dvc.lock", "params.yaml", "data/pool.dvc"):  # data/pool.dvc: the versioned pool
+        (fresh / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(proj / rel, fresh / rel)
     shutil.copytree(proj / "protege", fresh / "protege")
     uncached = []

@@ -161,7 +161,7 @@ def _log(out):
 def test_sigkill_then_rerun_reaches_bitwise_the_same_weights(tmp_path):
     from safetensors.torch import load_file
 
-    from protege.rl.checkpoint import read_state
+    from protege.train.runtime.state import read_state
 
     ref = _worker(tmp_path / "whole")  # uninterrupted, alongside the run that gets killed
     victim = _worker(tmp_path / "killed", "--step-delay", "1.0")
@@ -281,10 +281,12 @@ def test_changed_params_keep_the_old_checkpoints_until_the_new_run_has_a_state(t
 
 
 def _save_and_die_between_renames(folder, student):
-    from protege.rl import checkpoint
-    from protege.rl.updaters import make_updater
+    from protege.train.runtime import state as checkpoint
+    from protege.train.runtime.state import OptimizerState, Weights
+    from protege.train.runtime.updaters import make_updater
 
     updater = make_updater("torch", student, list(student.parameters()), 1e-3, 2, torch.device("cpu"))
+    parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater)}
     real, calls = os.replace, []
 
     def replace(src, dst):
@@ -294,17 +296,17 @@ def _save_and_die_between_renames(folder, student):
         real(src, dst)
 
     checkpoint.os.replace = replace
-    checkpoint.save_state(folder, step=2, policy=student, disc=None, updater=updater, disc_updater=None,
-                          py_rng=random.Random(0), cursor={"order": []}, fingerprint="fp")
+    checkpoint.save_state(folder, step=2, parts=parts, py_rng=random.Random(0), cursor={"order": []},
+                          fingerprint="fp")
 
 
 def test_a_kill_between_the_state_renames_loses_nothing(tiny_student, tmp_path):
-    from protege.rl.checkpoint import read_state, recover_state, save_state
-    from protege.rl.updaters import make_updater
+    from protege.train.runtime.state import OptimizerState, Weights, read_state, recover_state, save_state
+    from protege.train.runtime.updaters import make_updater
 
     folder = tmp_path / "state"
     updater = make_updater("torch", tiny_student, list(tiny_student.parameters()), 1e-3, 2, torch.device("cpu"))
-    save_state(folder, step=1, policy=tiny_student, disc=None, updater=updater, disc_updater=None,
+    save_state(folder, step=1, parts={"policy": Weights(updater), "optimizer": OptimizerState(updater)},
                py_rng=random.Random(0), cursor={"order": []}, fingerprint="fp")
     child = multiprocessing.get_context("fork").Process(target=_save_and_die_between_renames,
                                                         args=(folder, tiny_student))

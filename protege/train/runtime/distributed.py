@@ -1,0 +1,52 @@
+"""Which process this is and what the processes of one data-parallel run share.
+
+torchrun and the deepspeed launcher describe the run in the environment (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT); a plain `python` / `protege` process is rank 0 of 1 and needs no process group.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of this process; (0, 1) when not launched distributed."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def local_rank() -> int:
+    """Which accelerator of this machine the process owns (torchrun / deepspeed set LOCAL_RANK)."""
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def _grouped() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized() and world()[1] > 1
+
+
+def barrier() -> None:
+    if _grouped():
+        torch.distributed.barrier()
+
+
+def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    """The sum of `value` over all processes (a copy; `value` itself is left alone)."""
+    out = value.detach().clone()
+    if _grouped():
+        torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
+    return out
+
+
+def global_mean_share(local_mean: torch.Tensor, local_count: int, global_count: int, world_size: int) -> torch.Tensor:
+    """This rank's part of a mean over the whole global batch, for updaters that average gradients.
+
+    With `local_mean` = (sum of this rank's item losses) / local_count, the share is
+    sum_local / global_count * world_size: DeepSpeed divides the summed gradients by world_size, which leaves
+    exactly the gradient of sum_all / global_count, the mean over every item of the global batch (a mean of
+    per-rank means would weight an item on a rank with few items more). Written as a factor on the local mean
+    so that one process (factor exactly 1.0) gives bitwise the plain mean.
+    """
+    if global_count <= 0 or local_count <= 0:
+        raise ValueError(f"a loss share needs items on this rank and in the batch (local {local_count}, "
+                         f"global {global_count})")
+    return local_mean * (local_count * world_size / global_count)

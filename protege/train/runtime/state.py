@@ -1,0 +1,226 @@
+"""Training state for exact resume, without pickle: tensors in safetensors, the rest in JSON.
+
+A state folder holds named parts (`Part`: model weights, an optimizer with its LR schedule, the torch RNG;
+a new part joins by name, without a new signature), plus state.json: the step, the data cursor, the python
+RNG, the run's fingerprint and the number of processes. It is written to a temporary folder and renamed
+into place, so a kill leaves the previous state intact.
+
+Under DeepSpeed every rank takes part: rank 0 writes the whole parts (full weights) and state.json, each
+rank writes its per-rank parts (its ZeRO partition of the optimizer state, its torch RNG state). DeepSpeed's
+own save_checkpoint is not used because its loader unpickles what it reads; this format never does.
+Files: `<name>.safetensors` (+ `<name>.json`) for a whole part, `<name>-rank<r>.*` for a per-rank one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from protege.train.runtime.distributed import world
+
+CPU = torch.device("cpu")
+
+
+class Part(Protocol):
+    per_rank: bool  # True: every rank holds its own piece; False: one whole copy, written by rank 0
+
+    def dump(self) -> tuple[dict[str, torch.Tensor], dict | None]:
+        """(tensors, JSON-able extras or None); every rank calls it (collective under ZeRO-3)."""
+
+    def load(self, tensors: dict[str, torch.Tensor], extras: dict | None) -> None: ...
+
+
+class Weights:
+    """A model's full weights: through its updater (whole even under ZeRO-3), or a module trained by no one."""
+    per_rank = False
+
+    def __init__(self, source):
+        self.source = source
+
+    def dump(self):
+        if isinstance(self.source, torch.nn.Module):
+            return {k: v.detach().cpu().contiguous() for k, v in self.source.state_dict().items()}, None
+        return self.source.full_state_dict(), None
+
+    def load(self, tensors, extras):
+        if isinstance(self.source, torch.nn.Module):
+            self.source.load_state_dict(tensors)
+        else:
+            self.source.load_weights(tensors)
+
+
+def optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for pid, state in sd["state"].items():
+        for k, v in state.items():
+            if torch.is_tensor(v):
+                tensors[f"{pid}.{k}"] = v.detach().cpu().contiguous()
+            else:
+                scalars[f"{pid}.{k}"] = v
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def optimizer_from_files(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    state: dict[int, dict] = {}
+    for key, v in list(tensors.items()) + list(meta["scalars"].items()):
+        pid, k = key.split(".", 1)
+        state.setdefault(int(pid), {})[k] = v
+    # load_state_dict moves each moment onto its parameter's device
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+class OptimizerState:
+    """An updater's optimizer moments and hyper-parameters, and its LR schedule's position."""
+
+    def __init__(self, updater):
+        self.updater = updater
+        self.per_rank = updater.partitioned
+
+    def dump(self):
+        tensors, meta = optimizer_to_files(self.updater.optimizer)
+        if self.updater.scheduler is not None:  # the lambdas are code, not state: LambdaLR stores None for them
+            meta["scheduler"] = {k: v for k, v in self.updater.scheduler.state_dict().items() if k != "lr_lambdas"}
+        return tensors, meta
+
+    def load(self, tensors, extras):
+        optimizer_from_files(self.updater.optimizer, tensors, extras)
+        if self.updater.scheduler is not None:
+            if "scheduler" not in extras:
+                raise ValueError("the saved optimizer state has no LR schedule, but this run uses one")
+            sched = self.updater.scheduler
+            sched.load_state_dict({**extras["scheduler"], "lr_lambdas": [None] * len(sched.lr_lambdas)})
+
+
+class TorchRNG:
+    """The torch generator(s) this process draws from; ranks draw differently, so one file per rank."""
+    per_rank = True
+
+    def __init__(self, device: torch.device = CPU):
+        self.device = device
+
+    def dump(self):
+        out = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":  # sampling on the GPU draws from the CUDA generator
+            out["cuda"] = torch.cuda.get_rng_state(self.device)
+        return out, None
+
+    def load(self, tensors, extras):
+        torch.set_rng_state(tensors["torch"])
+        if "cuda" in tensors and self.device.type == "cuda":
+            torch.cuda.set_rng_state(tensors["cuda"], self.device)
+
+
+def _file_stem(name: str, part: Part, rank: int) -> str:
+    return f"{name}-rank{rank}" if part.per_rank else name
+
+
+def fingerprint(params: dict, seed: int, inputs_digest: str = "") -> str:
+    """Identifies the run a state belongs to: the settings that change its result, the seed, the number of
+    processes (each holds its own optimizer partition and RNG) and the caller's digest of its inputs."""
+    blob = json.dumps([params, seed, world()[1]] + ([inputs_digest] if inputs_digest else []), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def save_state(folder: Path, *, step: int, parts: dict[str, Part], py_rng: random.Random, cursor: dict,
+               fingerprint: str, rank: int = 0, world_size: int = 1, barrier=lambda: None) -> None:
+    """Collective under DeepSpeed: every rank calls it with the same parts."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    barrier()
+    for name, part in parts.items():
+        tensors, extras = part.dump()
+        if part.per_rank or rank == 0:
+            stem = _file_stem(name, part, rank)
+            save_file(tensors, str(tmp / f"{stem}.safetensors"))
+            if extras is not None:
+                (tmp / f"{stem}.json").write_text(json.dumps(extras))
+    barrier()  # every rank's files are in tmp
+    if rank == 0:
+        # state.json last, once every file is there: a folder holding it is a complete state
+        version, internal, gauss = py_rng.getstate()  # the same on every rank: all draw the whole step
+        (tmp / "state.json.part").write_text(json.dumps({"step": step, "cursor": cursor, "fingerprint": fingerprint,
+                                                         "world_size": world_size,
+                                                         "python_rng": [version, list(internal), gauss]}))
+        os.replace(tmp / "state.json.part", tmp / "state.json")
+        if folder.exists():  # swap: the old state is removed only after the new one is complete
+            old = folder.with_name(folder.name + ".old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(folder, old)
+            os.replace(tmp, folder)  # killed just before this: recover_state finishes the swap
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, folder)
+    barrier()
+
+
+def _newest_complete(folder: Path) -> Path | None:
+    """Where the newest complete state is: `folder`, or, when a kill interrupted a swap (see
+    `save_state`: `<state>` -> `<state>.old`, then `<state>.tmp` -> `<state>`), `.tmp` before `.old`."""
+    for candidate in (folder, folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")):
+        if (candidate / "state.json").exists():
+            return candidate
+    return None
+
+
+def recover_state(folder: Path) -> None:
+    """Finishes a swap a kill interrupted, so the newest complete state is at `folder` and nothing else
+    is left. Only the process that owns the state calls this (it moves folders)."""
+    found = _newest_complete(folder)
+    tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
+    if found is not None and found != folder:
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(found, folder)
+    for leftover in (tmp, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+
+
+def read_state(folder: Path) -> dict | None:
+    """The newest complete state's metadata, wherever a kill left it; reads only (safe while a run
+    writes)."""
+    found = _newest_complete(folder)
+    if found is None:
+        return None
+    try:
+        return json.loads((found / "state.json").read_text())
+    except (OSError, json.JSONDecodeError):  # renamed away between the check and the read
+        return None
+
+
+def restore_state(folder: Path, meta: dict, *, parts: dict[str, Part], py_rng: random.Random,
+                  rank: int = 0) -> None:
+    """Loads the parts in their order (weights before their optimizer: DeepSpeed refreshes its fp32 copy
+    from the weights) and the python RNG. Every rank calls it; a missing part is an error, not a fresh start."""
+    for name, part in parts.items():
+        stem = _file_stem(name, part, rank)
+        tensors_file, extras_file = folder / f"{stem}.safetensors", folder / f"{stem}.json"
+        if not tensors_file.exists():
+            raise FileNotFoundError(f"{folder}: the training state has no {stem}.safetensors; delete the folder "
+                                    "to start this run afresh")
+        part.load(load_file(str(tensors_file)),
+                  json.loads(extras_file.read_text()) if extras_file.exists() else None)
+    version, internal, gauss = meta["python_rng"]
+    py_rng.setstate((version, tuple(internal), gauss))
+
+
+def prepare_state(folder: Path, fp: str, rank: int, barrier) -> dict | None:
+    """The metadata of a state at `folder` this run (fingerprint `fp`) continues, or None: rank 0 first
+    finishes any swap a kill interrupted, then every rank reads the same folder."""
+    if rank == 0:
+        recover_state(folder)
+    barrier()
+    meta = read_state(folder)
+    return meta if meta is not None and meta["fingerprint"] == fp else None

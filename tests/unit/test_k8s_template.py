@@ -1,0 +1,55 @@
+"""The gpu work pool's Kubernetes job template (deploy/k8s/), rendered by Prefect's own job-configuration code
+the way a worker renders it for a deployment's job variables."""
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from prefect.workers.base import BaseJobConfiguration
+
+from tests.conftest import REPO
+
+TEMPLATE = REPO / "deploy" / "k8s" / "gpu-base-job-template.json"
+
+
+class KubernetesJob(BaseJobConfiguration):
+    """The fields our template adds to Prefect's base configuration (what prefect-kubernetes' worker reads)."""
+    namespace: str
+    job_manifest: dict[str, Any]
+
+
+def render(job_variables: dict) -> KubernetesJob:
+    template = json.loads(TEMPLATE.read_text())
+    return asyncio.run(KubernetesJob.from_template_and_values(template, job_variables))
+
+
+def container(job: KubernetesJob) -> dict:
+    [c] = job.job_manifest["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def test_defaults_render_a_one_gpu_job():
+    job = render({})
+    c = container(job)
+    assert job.job_manifest["kind"] == "Job" and job.namespace == "protege"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1 and c["resources"]["requests"]["memory"] == "64Gi"
+    assert c["env"]["DS_ACCELERATOR"] == "cuda" and c["workingDir"] == "/workspace/protege"
+    spec = job.job_manifest["spec"]["template"]["spec"]
+    assert spec["volumes"][0]["persistentVolumeClaim"]["claimName"] == "protege-workspace"
+    assert "{{" not in json.dumps(job.job_manifest).replace("{{ name }}", "")  # every variable has a value
+
+
+def test_a_deployments_job_variables_override_gpu_count_and_image():
+    job = render({"gpus": 4, "image": "ghcr.io/acme/protege:1.2", "memory": "320Gi",
+                  "env": {"NCCL_DEBUG": "INFO"}})
+    c = container(job)
+    assert c["image"] == "ghcr.io/acme/protege:1.2"
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 4, "memory": "320Gi", "cpu": "8"}
+    assert job.env["NCCL_DEBUG"] == "INFO"
+
+
+@pytest.mark.parametrize("name", ["gpus", "image", "memory", "workspace_pvc", "project_dir"])
+def test_every_documented_variable_is_used_by_the_manifest(name):
+    template = json.loads(TEMPLATE.read_text())
+    assert name in template["variables"]["properties"]
+    assert "{{ " + name + " }}" in json.dumps(template["job_configuration"])
