@@ -21,6 +21,7 @@ os.environ.setdefault("PREFECT_HOME", str(Path(".prefect").resolve()))
 from prefect import flow  # noqa: E402
 
 import protege  # noqa: E402,F401  (offline settings)
+from protege import stage_host  # noqa: E402
 from protege.stages import STAGES  # noqa: E402
 from protege.workspace import workspace_lock  # noqa: E402
 from tasks.stages import (  # noqa: E402
@@ -35,10 +36,12 @@ from tasks.stages import (  # noqa: E402
 
 def run_stages(project_dir: str, stages, parent: str, dispatch: str) -> dict[str, list[str]]:
     outputs: dict[str, list[str]] = {}
-    for stage in stages:
-        if dispatch == "pools":
+    if dispatch == "pools":
+        for stage in stages:
             outputs[stage] = dispatch_stage(project_dir, stage, parent, stage_pool(project_dir, stage))
-        else:
+        return outputs
+    with stage_host.running():  # the stage commands DVC runs skip the imports a fresh process pays for
+        for stage in stages:
             outputs[stage] = stage_task(stage)(project_dir, stage, parent)
     return outputs
 

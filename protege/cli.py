@@ -307,6 +307,14 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
 
 
 def main() -> None:
+    # `protege stage` under a pipeline run: a warm host (protege/stage_host.py) runs it without paying for
+    # the imports again; anything else, or no host, runs here
+    if len(sys.argv) > 1 and sys.argv[1] == "stage":
+        from protege.stage_host import run_via_host
+
+        code = run_via_host(sys.argv[1:])
+        if code is not None:
+            sys.exit(code)
     app()
 
 

@@ -19,8 +19,13 @@ class KubernetesJob(BaseJobConfiguration):
 
 
 def render(job_variables: dict) -> KubernetesJob:
+    """A client that points nowhere: our template has no block or variable placeholders, so rendering must
+    not need a server (were one added, this fails instead of starting a temporary server)."""
+    from prefect.client.orchestration import PrefectClient
+
     template = json.loads(TEMPLATE.read_text())
-    return asyncio.run(KubernetesJob.from_template_and_values(template, job_variables))
+    client = PrefectClient("http://127.0.0.1:9/api")
+    return asyncio.run(KubernetesJob.from_template_and_values(template, job_variables, client=client))
 
 
 def container(job: KubernetesJob) -> dict:
