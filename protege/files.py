@@ -1,6 +1,7 @@
 """Writing files so that a kill never leaves a half-written one: a temp file beside it, fsynced, renamed."""
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,3 +15,12 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks (image and shard files can be large)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -11,7 +11,6 @@ the import and the move, or a user dropping it again) is one batch. DVC versions
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -68,14 +67,6 @@ def incoming_files(root: Path) -> tuple[list[Path], list[Path]]:
     return take, leave
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _move(src: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     dst = folder / src.name
@@ -89,7 +80,7 @@ def admit_incoming(root: Path, run_id: str) -> Admission:
     """Validates and pools every file waiting in the inbox; never raises for a bad file."""
     from protege.data.importers import import_dataset
     from protege.errors import UserFacingError
-    from protege.files import write_atomic
+    from protege.files import file_sha256, write_atomic
 
     root = Path(root)
     pool = ensure_pool(root)
@@ -97,7 +88,7 @@ def admit_incoming(root: Path, run_id: str) -> Admission:
     files, others = incoming_files(root)
     result.skipped = [p.name for p in others]
     for path in files:
-        digest = _sha256(path)
+        digest = file_sha256(path)
         batch = digest[:16]
         if (pool / batch / BATCH_TABLE).exists():
             result.already_pooled.append(batch)

@@ -20,12 +20,8 @@ from protege.models.processor import StudentProcessor
 from protege.paths import BASE_MODEL, CURATED_RL, TEACHER_ANSWERS, TEACHER_CACHE
 from protege.stages.common import say, write_stage_metrics
 from protege.teachers.backends import TeacherRequest
-from protege.teachers.cache import (
-    TeacherCache,
-    TeacherCacheIncomplete,
-    cache_key,
-    file_sha256,
-)
+from protege.files import file_sha256
+from protege.teachers.cache import TeacherCache, TeacherCacheIncomplete, cache_key
 from protege.teachers.factory import build_teacher
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from protege.errors import UserFacingError
-from protege.files import write_atomic
+from protege.files import file_sha256, write_atomic
 from protege.teachers.backends import Outcome, TeacherAnswer, TeacherBackend, TeacherFailure, TeacherRequest
 
 COLUMNS = ["key", "teacher", "revision", "question_id", "sample_index", "answer", "latency_s", "prompt_tokens",
@@ -50,14 +50,6 @@ def cache_key(teacher: str, revision: str, prompt: str, image_hashes: Iterable[s
     hashes = [image_hashes] if isinstance(image_hashes, str) else list(image_hashes)
     payload = json.dumps([teacher, revision, prompt, hashes, sampling, sample_index], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def weights_digest(folder: str | Path) -> str:

@@ -9,7 +9,8 @@ import time
 from protege.data.rows import image_path, read_table
 from protege.models.student import save_student
 from protege.teachers.backends import SamplingParams, TeacherRequest, TransformersTeacher
-from protege.teachers.cache import TeacherCache, cache_key, file_sha256
+from protege.files import file_sha256
+from protege.teachers.cache import TeacherCache, cache_key
 from tests.conftest import REPO
 
 
