@@ -143,11 +143,24 @@ def _alive(pid: int) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    """Whether any process of the group still runs. A member that has exited but that nobody has reaped yet
+    (a zombie: the detached services' parent is gone, and some init processes reap late or never) does not
+    count, though signal 0 still reaches it."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            return True
+    return False
 
 
 def stop(project: Path, grace_s: float = 20.0) -> list[str]:

@@ -9,7 +9,6 @@ another runs waits for it (one writer per DVC workspace); `stop` leaves no proce
 """
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -180,10 +179,8 @@ def test_retrain_deployment_on_a_local_service(tmp_path):
     finally:
         stop = subprocess.run([sys.executable, "-m", "flows.service", "stop", "--project", str(proj)], cwd=proj,
                               env=env, capture_output=True, text=True, timeout=120)
+        from flows.service import _group_alive
+
         for name, pgid in started.get("pids", {}).items():
-            try:
-                os.killpg(pgid, 0)
-                alive = True
-            except ProcessLookupError:
-                alive = False
-            assert not alive, f"{name} (process group {pgid}) still running after stop: {stop.stdout}{stop.stderr}"
+            assert not _group_alive(pgid), f"{name} (process group {pgid}) still running after stop: " \
+                                           f"{stop.stdout}{stop.stderr}"
