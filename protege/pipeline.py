@@ -106,7 +106,7 @@ def set_param(project_dir: str | Path, key: str, value, params_file: str = "para
     returns whether the value changed. The result is checked like any params file before it replaces it."""
     from ruamel.yaml import YAML
 
-    from protege.config import load_config
+    from protege.config import ConfigError, load_config
     from protege.files import write_atomic
 
     path = Path(project_dir) / params_file
@@ -125,6 +125,8 @@ def set_param(project_dir: str | Path, key: str, value, params_file: str = "para
         yaml_rt.dump(data, f)
     try:
         load_config(tmp)
+    except ConfigError as exc:  # name the user's file, not the hidden copy checked
+        raise ConfigError(str(exc).replace(str(tmp), str(path)).replace(tmp.name, path.name)) from None
     finally:
         text = tmp.read_text()
         tmp.unlink()

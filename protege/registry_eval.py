@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,8 +34,6 @@ def evaluate_model_version(project_dir: Path, model_uri: str, benchmarks: str = 
     checkpoint = out / "checkpoint"
     out.mkdir(parents=True, exist_ok=True)
     if checkpoint.exists():
-        import shutil
-
         shutil.rmtree(checkpoint)
     staging.rename(checkpoint)
     cmd = [sys.executable, "-m", "protege", "eval", "run", "--model", str(checkpoint), "--out", str(out),

@@ -121,8 +121,9 @@ def test_set_param_keeps_comments_and_refuses_a_bad_value(tmp_path):
     assert "init: models/champion" in text and "# short on purpose" in text
     assert load_config(tmp_path / "params.yaml").sft.init == "models/champion"
     assert not set_param(tmp_path, "sft.init", "models/champion")  # unchanged: no rewrite
-    with pytest.raises(ConfigError, match="sft.init"):
+    with pytest.raises(ConfigError, match="sft.init") as err:
         set_param(tmp_path, "sft.init", "../elsewhere")
+    assert ".check" not in str(err.value)  # the message names params.yaml, not the copy it checked
     assert (tmp_path / "params.yaml").read_text() == text
 
 
