@@ -1,0 +1,242 @@
+"""Multi-turn episodes: many episodes generated at once, one observation (image and/or text) per turn.
+
+An episode is one token sequence, in the chat template's layout: the first observation as a user turn,
+then per turn the policy's output (through its end-of-turn token) and, unless the episode has ended, the
+next observation as a new turn of its own role. Every token knows its turn; only tokens the policy wrote
+are in the loss mask (an observation or a tool's output is attended to, never trained on), and each turn's
+policy tokens are one span, so turn-level credit (GTPO) and thought/action masks (GTR-Turbo) can address them.
+
+The environment side is a protocol: `reset(seed) -> Observation`, `step(text) -> StepResult` (the grid game
+in protege.world.envs, and tool environments, implement it). Episodes of different lengths share a batch:
+each round generates only for the episodes still running.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from PIL import Image
+
+from protege.generation.transformers_backend import Sampling, complete
+from protege.models.processor import StudentProcessor
+from protege.models.tokenizer import EOS, IM_START, IMAGE_PAD, VISION_END, VISION_START
+
+
+class Env(Protocol):
+    def reset(self, seed: int) -> Any: ...  # an observation: `.text`, optional `.image`, optional `.role`
+
+    def step(self, text: str) -> Any: ...  # `.observation`, `.reward`, `.done`, `.info`
+
+
+@dataclass
+class Episode:
+    ids: list[int]                       # every token so far, image placeholders expanded
+    loss_mask: list[int]                 # 1 on the policy's own tokens
+    turn_of: list[int]                   # per token: the turn it belongs to (an observation opens its turn)
+    images: list[Image.Image] = field(default_factory=list)   # in the order their placeholders appear
+    vision: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per image: (patches, grid [3])
+    spans: list[tuple[int, int]] = field(default_factory=list)  # per turn: [start, end) of the policy's tokens
+    texts: list[str] = field(default_factory=list)             # per turn: the policy's output as text
+    rewards: list[float] = field(default_factory=list)         # per turn
+    infos: list[dict] = field(default_factory=list)            # per turn: what the environment reported
+    done: bool = False
+    truncated: bool = False              # ended by the length limit, not by the environment
+
+    @property
+    def turns(self) -> int:
+        return len(self.spans)
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.rewards))
+
+    @property
+    def success(self) -> bool:
+        return any(i.get("success", False) for i in self.infos)
+
+    image_token: int = -1                # the processor's image placeholder id
+
+    def prefix(self, turn: int) -> tuple[list[int], list, list[Image.Image]]:
+        """`turn`'s context: the tokens before its policy output, with the vision inputs and images they hold."""
+        ids = self.ids[:self.spans[turn][0]]
+        n = sum(1 for _ in _image_runs(ids, self.image_token))
+        return ids, self.vision[:n], self.images[:n]
+
+
+def _image_runs(ids: list[int], image_token: int):
+    """Start index of each run of image placeholder tokens (one run per image)."""
+    prev = None
+    for i, t in enumerate(ids):
+        if t == image_token and prev != image_token:
+            yield i
+        prev = t
+
+
+def observation_text(processor: StudentProcessor, text: str, n_images: int, role: str = "user",
+                     first: bool = False) -> str:
+    """One observation turn in the chat template's layout, ending with the assistant's header. The first
+    one is the template's own prompt; a later one continues after the previous end-of-turn token."""
+    if first:
+        if role != "user":
+            raise ValueError(f"the first turn of an episode is the user's, not {role!r}")
+        return processor.prompt(text, n_images)
+    images = f"{VISION_START}{IMAGE_PAD}{VISION_END}" * n_images
+    return f"\n{IM_START}{role}\n{images}{text}{EOS}\n{IM_START}assistant\n"
+
+
+def _observation_tokens(processor: StudentProcessor, obs, first: bool) -> tuple[list[int], list, list]:
+    """(token ids with image placeholders expanded, images, per-image (patches, grid))."""
+    image = getattr(obs, "image", None)
+    images = [] if image is None else list(image) if isinstance(image, (list, tuple)) else [image]
+    text = observation_text(processor, obs.text, len(images), getattr(obs, "role", "user") or "user", first)
+    vision = []
+    if images:
+        vis = processor._images([images])
+        grids = vis["image_grid_thw"]
+        patches = vis["pixel_values"].split(grids.prod(dim=1).tolist())
+        vision = [(p, g) for p, g in zip(patches, grids)]
+        merge = processor.image_processor.merge_size ** 2
+        head, parts = "", text.split(IMAGE_PAD)
+        for part, (_, g) in zip(parts[:-1], vision):
+            head += part + IMAGE_PAD * (int(g.prod()) // merge)
+        text = head + parts[-1]
+    return processor.tokenizer(text, add_special_tokens=False)["input_ids"], images, vision
+
+
+def start_episode(processor: StudentProcessor, obs) -> Episode:
+    ids, images, vision = _observation_tokens(processor, obs, first=True)
+    return Episode(ids=ids, loss_mask=[0] * len(ids), turn_of=[0] * len(ids), images=images, vision=vision,
+                   image_token=processor.image_token_id)
+
+
+def add_policy_turn(ep: Episode, ids: list[int], text: str, eos_id: int) -> None:
+    """The policy's output for the current turn; an output cut by the token limit gets its end-of-turn token
+    appended (outside the loss: the policy did not write it) so the next observation follows a closed turn."""
+    turn = len(ep.spans)
+    start = len(ep.ids)
+    ep.ids += ids
+    ep.loss_mask += [1] * len(ids)
+    ep.turn_of += [turn] * len(ids)
+    ep.spans.append((start, len(ep.ids)))
+    ep.texts.append(text)
+    if not ids or ids[-1] != eos_id:
+        ep.ids.append(eos_id)
+        ep.loss_mask.append(0)
+        ep.turn_of.append(turn)
+
+
+def add_observation(processor: StudentProcessor, ep: Episode, obs) -> None:
+    ids, images, vision = _observation_tokens(processor, obs, first=False)
+    ep.ids += ids
+    ep.loss_mask += [0] * len(ids)
+    ep.turn_of += [len(ep.spans)] * len(ids)
+    ep.images += images
+    ep.vision += vision
+
+
+def prompt_batch(processor: StudentProcessor, prefixes: Sequence[tuple[list[int], list]]) -> dict[str, torch.Tensor]:
+    """Left-padded generation inputs from (token ids, per-image (patches, grid)) pairs."""
+    pad = processor.tokenizer.pad_token_id
+    width = max(len(ids) for ids, _ in prefixes)
+    input_ids = torch.full((len(prefixes), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(prefixes), width), dtype=torch.long)
+    for i, (ids, _) in enumerate(prefixes):
+        input_ids[i, width - len(ids):] = torch.tensor(ids)
+        attn[i, width - len(ids):] = 1
+    return _with_vision(processor, {"input_ids": input_ids, "attention_mask": attn}, [v for _, v in prefixes])
+
+
+def _with_vision(processor: StudentProcessor, batch: dict, vision: Sequence[list]) -> dict[str, torch.Tensor]:
+    flat = [v for per_row in vision for v in per_row]
+    if flat:  # transformers 5 requires mm_token_type_ids whenever image_grid_thw is passed
+        batch.update(pixel_values=torch.cat([p for p, _ in flat]), image_grid_thw=torch.stack([g for _, g in flat]),
+                     mm_token_type_ids=(batch["input_ids"] == processor.image_token_id).long())
+    return batch
+
+
+def play(policy, processor: StudentProcessor, envs: Sequence[Env], seeds: Sequence[int], sampling: Sampling,
+         max_tokens: int = 1024, device: torch.device | None = None,
+         on_turn: Callable[[int, int], None] | None = None) -> list[Episode]:
+    """Plays one episode per (env, seed), all at once: each round, every running episode gets one policy
+    turn (one batched generation), then its environment's answer. `max_tokens` bounds an episode's length
+    (the model's context): an episode that would pass it ends, marked `truncated`.
+    `policy` may be a transformers model or a generation engine (see generation.complete)."""
+    tok = processor.tokenizer
+    eps = [start_episode(processor, env.reset(seed)) for env, seed in zip(envs, seeds)]
+    rnd = 0
+    while running := [i for i, e in enumerate(eps) if not e.done]:
+        batch = prompt_batch(processor, [(eps[i].ids, eps[i].vision) for i in running])
+        if device is not None:
+            batch = {k: v.to(device) for k, v in batch.items()}
+        out = complete(policy, processor, batch, [eps[i].images for i in running], sampling)
+        for k, i in enumerate(running):
+            ep = eps[i]
+            ids = out.sequences[k, out.prompt_len:][out.completion_mask[k].bool()].tolist()
+            add_policy_turn(ep, ids, out.texts[k], tok.eos_token_id)
+            res = envs[i].step(out.texts[k])
+            ep.rewards.append(float(res.reward))
+            ep.infos.append(dict(res.info))
+            if res.done:
+                ep.done = True
+                continue
+            add_observation(processor, ep, res.observation)
+            if len(ep.ids) + sampling.max_new_tokens + 1 > max_tokens:
+                ep.done = ep.truncated = True
+        rnd += 1
+        if on_turn:
+            on_turn(rnd, len(running))
+    return eps
+
+
+@dataclass
+class EpisodeBatch:
+    """Episodes as one right-padded training batch; position t of `logp` rows scores token t + 1."""
+    inputs: dict[str, torch.Tensor]     # input_ids / attention_mask [N, T] (+ vision)
+    loss_mask: torch.Tensor             # [N, T - 1] 1 where the target token is the policy's own
+    turn: torch.Tensor                  # [N, T - 1] the target token's turn (-1 on padding)
+
+    @property
+    def n(self) -> int:
+        return self.loss_mask.shape[0]
+
+
+def pack(processor: StudentProcessor, seqs: Sequence[tuple[list[int], list[int], list[int], list]]) -> EpisodeBatch:
+    """(ids, loss mask, turn per token, per-image vision) per row -> one batch, right-padded."""
+    pad = processor.tokenizer.pad_token_id
+    T = max(len(ids) for ids, *_ in seqs)
+    N = len(seqs)
+    input_ids = torch.full((N, T), pad, dtype=torch.long)
+    attn = torch.zeros((N, T), dtype=torch.long)
+    mask = torch.zeros((N, T), dtype=torch.long)
+    turn = torch.full((N, T), -1, dtype=torch.long)
+    for i, (ids, lm, tn, _) in enumerate(seqs):
+        input_ids[i, :len(ids)] = torch.tensor(ids)
+        attn[i, :len(ids)] = 1
+        mask[i, :len(ids)] = torch.tensor(lm)
+        turn[i, :len(ids)] = torch.tensor(tn)
+    inputs = _with_vision(processor, {"input_ids": input_ids, "attention_mask": attn}, [v for *_, v in seqs])
+    return EpisodeBatch(inputs, mask[:, 1:], turn[:, 1:])
+
+
+def pack_episodes(processor: StudentProcessor, eps: Sequence[Episode]) -> EpisodeBatch:
+    return pack(processor, [(e.ids, e.loss_mask, e.turn_of, e.vision) for e in eps])
+
+
+def sequence_logprobs(model, batch: EpisodeBatch, with_entropy: bool = False):
+    """log pi(x_{t+1} | x_<=t) for every position of the batch: [N, T - 1] (and the entropy there)."""
+    inputs = batch.inputs
+    extra = {"mm_token_type_ids": inputs["mm_token_type_ids"], "pixel_values": inputs["pixel_values"],
+             "image_grid_thw": inputs["image_grid_thw"]} if "image_grid_thw" in inputs else {}
+    out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False, **extra)
+    logp_all = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)  # [N, T-1, V]
+    logp = logp_all.gather(-1, inputs["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)  # [N, T-1]
+    if not with_entropy:
+        return logp
+    return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def batch_to(batch: EpisodeBatch, device: torch.device) -> EpisodeBatch:
+    return EpisodeBatch({k: v.to(device) for k, v in batch.inputs.items()}, batch.loss_mask.to(device),
+                        batch.turn.to(device))

@@ -1,0 +1,100 @@
+"""Multi-turn episodes: batched generation over episodes of different lengths, turn spans, loss masks,
+and a training view of the episodes that scores exactly the tokens the policy generated."""
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from protege.generation.transformers_backend import Sampling
+from protege.rl.episodes import pack_episodes, play, sequence_logprobs
+
+
+@dataclass
+class Obs:
+    text: str
+    image: Image.Image | None = None
+    role: str = "user"
+
+
+@dataclass
+class Step:
+    observation: Obs | None
+    reward: float
+    done: bool
+    info: dict
+
+
+class CountdownEnv:
+    """Ends after `seed` turns; every observation is a coloured picture; odd turns answer as a text-only tool."""
+
+    def reset(self, seed):
+        self.left, self.turn = seed, 0
+        return Obs("start", Image.new("RGB", (64, 64), (200, 10 * seed, 0)))
+
+    def step(self, text):
+        self.turn += 1
+        self.left -= 1
+        done = self.left == 0
+        obs = None if done else (Obs(f"tool says {self.turn}", None, "tool") if self.turn % 2 else
+                                 Obs(f"turn {self.turn}", Image.new("RGB", (64, 64), (0, 30 * self.turn, 90))))
+        return Step(obs, float(self.turn), done, {"success": done and self.turn == 3})
+
+
+def test_play_episodes_of_different_lengths(tiny_student, tiny_processor):
+    torch.manual_seed(0)
+    greedy = Sampling(do_sample=False, max_new_tokens=5)
+    eps = play(tiny_student, tiny_processor, [CountdownEnv() for _ in range(3)], [1, 3, 4], greedy)
+    assert [e.turns for e in eps] == [1, 3, 4]
+    assert [e.rewards for e in eps] == [[1.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]]
+    assert [e.success for e in eps] == [False, True, False]
+    assert [len(e.images) for e in eps] == [1, 2, 2]  # the first observation + the picture after turn 2
+    tok = tiny_processor.tokenizer
+    for e in eps:
+        assert len(e.ids) == len(e.loss_mask) == len(e.turn_of)
+        for j, (a, b) in enumerate(e.spans):
+            assert all(e.loss_mask[a:b]) and all(t == j for t in e.turn_of[a:b])
+            # a turn's tokens are exactly what follows its context
+            ids, vision, images = e.prefix(j)
+            assert ids == e.ids[:a] and len(vision) == len(images)
+        assert sum(e.loss_mask) == sum(b - a for a, b in e.spans)
+        text = tok.decode(e.ids)
+        assert text.count("<|im_start|>assistant") == e.turns
+        assert text.count("<|im_start|>tool") == sum(1 for j in range(1, e.turns) if j % 2)
+
+    # the training view: greedy generation picked the argmax at every policy token, so scoring the packed
+    # (right-padded, images in order) episodes must find each generated token to be the argmax there
+    batch = pack_episodes(tiny_processor, eps)
+    tiny_student.eval()
+    with torch.no_grad():
+        inputs = batch.inputs
+        out = tiny_student(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                           mm_token_type_ids=inputs["mm_token_type_ids"], pixel_values=inputs["pixel_values"],
+                           image_grid_thw=inputs["image_grid_thw"], use_cache=False)
+        logp = sequence_logprobs(tiny_student, batch)
+    logits = out.logits[:, :-1].clone()
+    logits[..., tiny_processor.vision_token_ids] = float("-inf")  # generation never writes vision tokens
+    pred = logits.argmax(-1)
+    target = inputs["input_ids"][:, 1:]
+    m = batch.loss_mask.bool()
+    assert m.sum() == sum(sum(e.loss_mask) for e in eps)
+    assert torch.equal(pred[m], target[m])
+    assert (logp[m] <= 0).all() and torch.isfinite(logp[m]).all()
+    # turn ids on targets follow the spans
+    for i, e in enumerate(eps):
+        for j, (a, b) in enumerate(e.spans):
+            assert (batch.turn[i, a - 1:b - 1] == j).all()
+
+
+def test_sampled_episodes_are_seeded(tiny_student, tiny_processor):
+    s = Sampling(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=4)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        runs.append([e.ids for e in play(tiny_student, tiny_processor, [CountdownEnv() for _ in range(2)], [2, 3], s)])
+    assert runs[0] == runs[1]
+
+
+def test_length_limit_truncates(tiny_student, tiny_processor):
+    greedy = Sampling(do_sample=False, max_new_tokens=4)
+    eps = play(tiny_student, tiny_processor, [CountdownEnv()], [50], greedy, max_tokens=60)
+    assert eps[0].truncated and eps[0].done and eps[0].turns < 50
