@@ -344,8 +344,86 @@ class RLConfig(SamplingConfig):
         return self
 
 
+MERGE_METHODS = ("uniform", "linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs",
+                 "breadcrumbs_ties", "model_stock", "slerp")
+
+
 class MergeConfig(Section):
-    method: Literal["uniform"] = "uniform"
+    """The merge stage's soup of the RL run's checkpoints (protege.merging, mergekit's semantics). Methods with
+    a base (task_arithmetic, ties, dare_*, breadcrumbs*, model_stock, slerp) take the SFT checkpoint as
+    base_model; slerp goes from it towards the last checkpoint only."""
+    method: Literal[MERGE_METHODS] = "uniform"  # uniform: linear with equal weights
+    parameters: dict[str, float | bool] = {}   # mergekit parameters (weight, density, lambda, t, gamma, ...)
+    config: str | None = None                  # a mergekit YAML in the project: its merge_method, parameters,
+    #                                            dtype and out_dtype are used, its models / base_model replaced
+    seed: int = 0                               # random methods (dare_*)
+
+    @field_validator("config")
+    @classmethod
+    def _config_inside_project(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        p = Path(v)
+        if not v or p.is_absolute() or ".." in p.parts:
+            raise ValueError(f"merge.config {v!r}: expected a YAML file relative to the project, such as "
+                             "merge/ties.yaml")
+        return p.as_posix()
+
+
+class GridEnvConfig(Section):
+    """The visual agent game (protege/world/envs/grid.py)."""
+    size: int = Field(4, ge=2, le=64)
+    walls: int = Field(2, ge=0, le=4094)
+    max_turns: int = Field(8, ge=1, le=1000)
+    legal_reward: float = Field(0.05, ge=-1000, le=1000)
+    illegal_reward: float = Field(-0.5, ge=-1000, le=1000)
+    success_reward: float = Field(1.0, ge=-1000, le=1000)
+
+
+class AgentSFTConfig(Section):
+    """Warm start on the scripted solver's episodes (train seeds)."""
+    episodes: int = Field(2000, ge=1, le=10_000_000)
+    steps: int = Field(300, ge=1, le=10_000_000)
+    batch_size: int = Field(16, ge=1, le=1_000_000)
+    lr: float = Field(2e-3, gt=0, le=10)
+    log_every: int = Field(25, ge=1, le=10_000_000)
+
+
+class GTRConfig(Section):
+    """GTR-Turbo: the merge of the running job's checkpoints as a free teacher."""
+    guidance: Literal["none", "sft", "kl"] = "none"
+    merge: Literal["average", "ema", "ties"] = "average"  # cumulative average | EMA | TIES over task vectors
+    ema_alpha: float = Field(0.1, gt=0, le=1)
+    ties_density: float = Field(0.8, gt=0, le=1)
+    sft_coef: float = Field(0.1, ge=0, le=1000)      # weight of the CE on the merged model's thoughts
+    sft_contexts: int = Field(16, ge=1, le=1_000_000)  # observations per step the merged model writes thoughts for
+    kl_coef: float = Field(0.1, ge=0, le=1000)       # reward -= kl_coef * mean clamp(log pi - log pi_merged, 0, 10)
+    kl_clamp: float = Field(10.0, gt=0, le=1000)
+
+
+class AgentRLConfig(SamplingConfig):
+    algorithm: Literal["grpo", "dr_grpo"] = "grpo"
+    steps: int = Field(30, ge=1, le=10_000_000)
+    seeds_per_step: int = Field(4, ge=1, le=1_000_000)   # layouts per step; each is played group_size times
+    group_size: int = Field(4, ge=2, le=1024)
+    lr: float = Field(1e-4, gt=0, le=10)
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    kl_beta: float = Field(0.0, ge=0, le=1000)           # k3 KL to the SFT policy
+    trainable: Literal["attention+embeddings+head", "all", "attention"] = "all"
+    save_every: int = Field(10, ge=1, le=10_000_000)
+    max_new_tokens: int = Field(48, ge=1, le=1_000_000)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    gtr: GTRConfig = GTRConfig()
+
+
+class AgentConfig(Section):
+    """Multi-turn visual agent RL (GTR-Turbo): the grid game, warm start, RL, success-rate evaluation."""
+    env: Literal["grid"] = "grid"
+    grid: GridEnvConfig = GridEnvConfig()
+    sft: AgentSFTConfig = AgentSFTConfig()
+    rl: AgentRLConfig = AgentRLConfig()
+    eval_episodes: int = Field(200, ge=1, le=1_000_000)  # held-out seeds for the success rate
+    eval_batch: int = Field(64, ge=1, le=1_000_000)
 
 
 class EvaluateConfig(Section):
@@ -381,7 +459,7 @@ class PromoteConfig(Section):
     margin: float = Field(0.0, ge=0, le=100)           # points of the benchmark average the candidate must gain
 
 
-GPU_STAGES = ("sft", "rollouts", "rl", "rl_baseline", "evaluate")
+GPU_STAGES = ("sft", "rollouts", "rl", "rl_baseline", "agent_sft", "agent_rl", "evaluate")
 
 
 class OrchestrationConfig(Section):
@@ -422,6 +500,7 @@ class Config(Section):
     disc_pretrain: DiscPretrainConfig = DiscPretrainConfig()
     rl: RLConfig = RLConfig()
     merge: MergeConfig = MergeConfig()
+    agent: AgentConfig = AgentConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     promote: PromoteConfig = PromoteConfig()
     orchestration: OrchestrationConfig = OrchestrationConfig()

@@ -19,6 +19,9 @@ RL_CHECKPOINTS = Path("models/rl")
 # deletes those before it runs a stage) and removed once the stage has written its checkpoint
 TRAINING_STATES = Path("models/.state")
 MERGED_MODEL = Path("models/merged")
+AGENT_SFT_MODEL = Path("models/agent_sft")  # the agent game's warm start (scripted solver's episodes)
+AGENT_RL = Path("models/agent_rl")  # agent RL checkpoints (+ merged-teacher/ under GTR-Turbo)
+AGENT_REPORT = Path("reports/agent")  # summary.json (success at start and end), train_curve.csv
 EVAL_JSON = Path("reports/eval.json")
 EVAL_MD = Path("reports/eval.md")
 EVAL_ITEMS = Path("reports/eval_items.jsonl")

@@ -36,6 +36,7 @@ from protege.train.runtime.distributed import barrier, world
 from protege.train.runtime.placement import CPU, resolve_device, to_device, visiting
 from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, read_state, recover_state,
                                          restore_state, save_state)
+from protege.train.runtime.run_folder import resumable
 from protege.train.runtime.updaters import make_updater
 
 
@@ -67,11 +68,6 @@ def fingerprint(cfg: RLConfig, seed: int, inputs_digest: str = "") -> str:
     params = cfg.model_dump(exclude={"offload_idle", "baseline", "steps", "vllm_memory"})
     blob = json.dumps([params, seed, world()[1]] + ([inputs_digest] if inputs_digest else []), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def resumable(meta: dict | None, fp: str, steps: int) -> bool:
-    """A saved state continues this run: same fingerprint, and no further than the steps asked for."""
-    return meta is not None and meta["fingerprint"] == fp and meta["step"] <= steps
 
 
 def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: random.Random) -> list[str]:

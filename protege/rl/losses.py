@@ -11,10 +11,11 @@ def clipped_surrogate(logp: torch.Tensor, logp_old: torch.Tensor, advantages: to
                       clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO-clip loss -min(r A, clip(r, 1-eps, 1+eps) A), r = exp(logp - logp_old).
 
-    logp, logp_old: [N, L]; advantages: [N] -> (loss [N, L], clipped [N, L] bool: the clip was active).
+    logp, logp_old: [N, L]; advantages: [N] (one per sequence) or [N, L] (per token, e.g. per turn)
+    -> (loss [N, L], clipped [N, L] bool: the clip was active).
     """
     ratio = torch.exp(logp - logp_old)  # [N, L]
-    adv = advantages.unsqueeze(1)  # [N, 1]
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)  # [N, L] or [N, 1]
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
     return -torch.minimum(unclipped, clipped), clipped < unclipped
@@ -46,7 +47,7 @@ def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tens
                 max_len: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate + beta * k3 KL, aggregated per `aggregation` ('dr_grpo' | 'grpo').
 
-    logp, logp_old, logp_ref, mask: [N, L]; advantages: [N] -> (scalar loss, detached stats).
+    logp, logp_old, logp_ref, mask: [N, L]; advantages: [N] or [N, L] -> (scalar loss, detached stats).
     """
     surrogate, clipped = clipped_surrogate(logp, logp_old, advantages, clip_eps)
     kl = kl_k3(logp, logp_ref)
@@ -61,3 +62,23 @@ def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tens
     stats = {"kl": ((kl * mask).sum() / n_tok).detach(),
              "clip_fraction": ((clipped.float() * mask).sum() / n_tok).detach()}
     return loss, stats
+
+
+def merged_kl_penalty(logp: torch.Tensor, logp_merged: torch.Tensor, mask: torch.Tensor,
+                      clamp_max: float = 10.0) -> torch.Tensor:
+    """GTR-Turbo's KL guidance, per sequence: the mean over its own tokens of clamp(log pi - log pi_M, 0, max).
+
+    logp, logp_merged, mask: [N, L] (the policy's sampled tokens) -> [N]; subtracted from the reward with a
+    coefficient. The clamp keeps the penalty one-sided and bounded: tokens the teacher likes more cost nothing.
+    """
+    d = torch.clamp(logp - logp_merged, min=0.0, max=clamp_max)  # [N, L]
+    return (d * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+def thought_sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GTR-Turbo's SFT guidance: cross-entropy on the merged teacher's thought tokens, mean over them.
+
+    logp: [N, L] the policy's log-probs of the teacher's tokens; mask: [N, L] 1 on thought tokens (the
+    action's tokens and everything else 0) -> scalar.
+    """
+    return -(logp * mask).sum() / mask.sum().clamp(min=1)

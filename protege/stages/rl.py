@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -32,57 +30,14 @@ from protege.paths import (
     TEACHER_ANSWERS,
 )
 from protege.rewards.llm_judge import LLMJudge
-from protege.rl.loop import RLInputs, fingerprint, resumable, run_rl
+from protege.rl.loop import RLInputs, fingerprint, run_rl
 from protege.stages.common import say, step_logger, write_stage_metrics
 from protege.teachers.factory import build_teacher
 from protege.train.runtime.distributed import world
-from protege.train.runtime.state import read_state, recover_state
+from protege.train.runtime.run_folder import drop_previous, prepare_out_dir
 
 STATE = "state"
 CURVE = Path("reports/rl/learning_curve.csv")  # DVC plots: step, accuracy, one column per question kind
-
-
-def previous_dir(out: Path) -> Path:
-    return out.with_name(out.name + ".previous")
-
-
-def prepare_out_dir(out: Path, fp: str, steps: int) -> int:
-    """Keeps a resumable run's folder (returns its step), or starts a fresh one (returns 0).
-
-    The same run asked for more steps is resumable (see `resumable`). A run whose params really changed
-    does not delete the old one's checkpoints yet: they move to `<out>.previous`, which is removed once
-    the new run has saved its first state (`drop_previous`); until then a kill loses nothing."""
-    if out.exists():
-        recover_state(out / STATE)
-    meta = read_state(out / STATE) if out.exists() else None
-    previous = previous_dir(out)
-    if not resumable(meta, fp, steps) and meta is None and previous.exists():
-        recover_state(previous / STATE)
-        if resumable(read_state(previous / STATE), fp, steps):
-            # back to the params of the run set aside, before the other run saved a state: take it back
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(previous, out)
-            meta = read_state(out / STATE)
-    if not resumable(meta, fp, steps):
-        if out.exists():
-            if meta is not None:  # a run with a state: keep it aside until the new one has its own
-                if previous.exists():
-                    shutil.rmtree(previous)
-                os.replace(out, previous)
-            else:  # a fresh run killed before its first state: nothing in it to keep
-                shutil.rmtree(out)
-        out.mkdir(parents=True)
-        return 0
-    for ckpt in out.glob("step-*"):  # written after the last state save: will be written again
-        if int(ckpt.name.split("-")[1]) > meta["step"]:
-            shutil.rmtree(ckpt)
-    return meta["step"]
-
-
-def drop_previous(out: Path) -> None:
-    if previous_dir(out).exists():
-        shutil.rmtree(previous_dir(out))
 
 
 def inputs_digest(root: Path, ril: bool) -> str:

@@ -40,6 +40,10 @@ def _runs_of(study: Study, results: dict[str, dict], variant: str, model: str, m
 
 def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> dict:
     """results: run key -> the run's result.json (finished runs only)."""
+    if study.task == "agent":
+        from protege.study.agent_report import build_agent_report
+
+        return build_agent_report(study, results, failed)
     n_boot = study.bootstrap
     variants = {}
     for name, v in study.variants.items():
@@ -123,6 +127,10 @@ def _metric_label(metric: str) -> str:
 
 
 def markdown(report: dict) -> str:
+    if report.get("task") == "agent":
+        from protege.study.agent_report import agent_markdown
+
+        return agent_markdown(report)
     base = report["baseline"]
     finished = sum(r["finished"] for r in report["runs"])
     lines = [f"# Study `{report['study']}`", ""]
@@ -182,6 +190,11 @@ def markdown(report: dict) -> str:
 
 
 def bar_chart(report: dict, path: Path) -> Path:
+    if report.get("task") == "agent":
+        from protege.study.agent_report import agent_chart
+
+        agent_chart(report, path)
+        return path
     import matplotlib
 
     matplotlib.use("Agg")

@@ -35,6 +35,8 @@ from pathlib import Path
 from protege import tracking
 from protege.errors import UserFacingError
 from protege.paths import (
+    AGENT_RL,
+    AGENT_SFT_MODEL,
     CURATED,
     CURATED_RL,
     DISCRIMINATOR,
@@ -55,8 +57,9 @@ FINGERPRINT = "fingerprint"
 MLFLOW_RUN = "mlflow_run_id"
 LOG = "log.txt"
 STATE = "study.json"                      # reports/study/<name>/study.json: the parent run id
-SHARED = (Path("data"), SFT_MODEL, DISCRIMINATOR, Path("dvc.lock"))  # linked into every run folder
-UPSTREAM = (WORLD, MINI_BENCHMARKS, CURATED, TEACHER_ANSWERS, SFT_MODEL, DISCRIMINATOR)  # in the fingerprint
+SHARED = (Path("data"), SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL, Path("dvc.lock"))  # linked into every run folder
+UPSTREAM = (WORLD, MINI_BENCHMARKS, CURATED, TEACHER_ANSWERS, SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL)  # fingerprinted
+AGENT_MODELS = {"rl_final": "end", "merged": "merged_teacher"}  # an agent study's `model` -> its evaluation
 
 
 class RunFailed(UserFacingError):
@@ -72,7 +75,9 @@ def say(message: str) -> None:
 # ---------------------------------------------------------------------------------------------- planning
 
 
-def required_upstream(runs: list[RunSpec]) -> list[Path]:
+def required_upstream(runs: list[RunSpec], task: str = "qa") -> list[Path]:
+    if task == "agent":
+        return [AGENT_SFT_MODEL]
     need = [SPLIT_TABLES["test"], SFT_MODEL]
     if any(r.train for r in runs):
         need.append(CURATED_RL)
@@ -85,8 +90,11 @@ def required_upstream(runs: list[RunSpec]) -> list[Path]:
 
 def check_upstream(study: Study, runs: list[RunSpec] | None = None) -> None:
     """The shared artifacts the runs train and evaluate from must exist: a study never computes them."""
-    missing = [str(p) for p in required_upstream(runs if runs is not None else study.runs())
+    missing = [str(p) for p in required_upstream(runs if runs is not None else study.runs(), study.task)
                if not (study.project / p).exists()]
+    if missing and study.task == "agent":
+        raise UserFacingError(f"{study.path}: an agent study trains from the project's warm start, and "
+                              f"{', '.join(missing)} is missing in {study.project}: run `dvc repro agent_sft` there first")
     if missing:
         raise UserFacingError(f"{study.path}: the study trains from the project's shared upstream artifacts, and "
                               f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing in {study.project}: "
@@ -228,13 +236,16 @@ def evaluate_models(cfg, root: Path, models: dict[str, Path], label: str) -> dic
 
 
 def model_result(result: dict, model: str) -> dict:
-    """A run's results for `model` (rl_final | merged); a run without RL has only the SFT checkpoint's."""
+    """A run's results for `model` (rl_final | merged); a run without RL has only the SFT checkpoint's.
+    An agent run's are its evaluations: `end` (rl_final), `merged_teacher` (merged), `start` (the warm start)."""
+    if "agent" in result:
+        return result["agent"].get(AGENT_MODELS[model]) or result["agent"]["start"]
     return result["models"].get(model) or result["models"]["sft"]
 
 
 def cleanup(study: Study, folder: Path) -> None:
     if not study.keep_checkpoints:
-        for rel in (RL_CHECKPOINTS, MERGED_MODEL):
+        for rel in (RL_CHECKPOINTS, MERGED_MODEL, AGENT_RL):
             if (folder / rel).exists():
                 shutil.rmtree(folder / rel)
 
@@ -251,6 +262,8 @@ def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
         cleanup(study, folder)
         return folder / RESULT
     prepare_folder(study, planned)
+    if study.task == "agent":
+        return execute_agent(study, planned, parent_run_id)
     previous = (folder / MLFLOW_RUN).read_text().strip() if (folder / MLFLOW_RUN).exists() else None
     cfg = run.config
     tags = {tracking.STUDY_TAG: study.name, "protege.variant": run.variant, "protege.seed": str(run.seed),
@@ -285,6 +298,41 @@ def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
         write_json_atomic(folder / RESULT, result)
     cleanup(study, folder)
     say(f"{run.key}: finished in {result['seconds']:.0f} s -> {folder / RESULT}")
+    return folder / RESULT
+
+
+def execute_agent(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
+    """One agent run: the agent_rl recipe in the run folder (start and end evaluations, merged teacher), or
+    with `train: false` the warm start's evaluation alone; result.json keeps every episode's outcome."""
+    from protege.eval.agent import evaluate_agent
+    from protege.models.student import load_student
+    from protege.stages import agent_rl
+
+    run, folder, cfg = planned.run, planned.folder, planned.run.config
+    previous = (folder / MLFLOW_RUN).read_text().strip() if (folder / MLFLOW_RUN).exists() else None
+    tags = {tracking.STUDY_TAG: study.name, "protege.variant": run.variant, "protege.seed": str(run.seed),
+            "protege.stage": "study-run"}
+    t0 = time.perf_counter()
+    with tracking.study_child_run(study.project, parent_run_id, run.key, tags, run_id=previous,
+                                  log_models=study.keep_checkpoints, root=folder) as mlrun:
+        (folder / MLFLOW_RUN).write_text(mlrun.run_id + "\n")
+        mlrun.log_params({"variant": run.variant, "seed": run.seed, "train": run.train, **run.overrides})
+        if run.train:
+            say(f"{run.key}: agent RL ({'resuming' if (folder / AGENT_RL).exists() else 'fresh'}) in {folder}")
+            summary = agent_rl.train(cfg, folder, mlrun)
+        else:
+            model, processor = load_student(folder / AGENT_SFT_MODEL)
+            summary = {"start": evaluate_agent(model, processor, cfg.agent, cfg.world.image_size, seed=cfg.seed)}
+        headline = model_result({"agent": summary}, study.model)
+        mlrun.log_metrics({"success_rate": headline["success_rate"], "entropy": headline["entropy"]})
+        result = {"study": study.name, "variant": run.variant, "seed": run.seed, "train": run.train,
+                  "fingerprint": planned.fingerprint, "overrides": run.overrides, "mlflow_run_id": mlrun.run_id,
+                  "seconds": time.perf_counter() - t0, "finished_at": datetime.now(timezone.utc).isoformat(),
+                  "agent": summary}
+        write_json_atomic(folder / RESULT, result)
+    cleanup(study, folder)
+    say(f"{run.key}: finished in {result['seconds']:.0f} s: success {100 * headline['success_rate']:.1f}% "
+        f"-> {folder / RESULT}")
     return folder / RESULT
 
 

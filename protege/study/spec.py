@@ -17,6 +17,11 @@ services:                        # started by the study while a run's config poi
   judge: {kind: loopback_judge, port: 18765}
 ```
 
+`task: agent` compares multi-turn agent RL runs instead (the agent_rl stage from models/agent_sft):
+variants may change `agent.rl.*` and the evaluation's `agent.eval_episodes` / `agent.eval_batch`; a
+`train: false` variant evaluates the warm start; `model: rl_final` is the last RL checkpoint and
+`model: merged` GTR-Turbo's merged teacher; claims compare `success`, `entropy` or `format_errors`.
+
 Every variant is validated by the same schema as params.yaml (`protege.config.Config`). Variants share
 the project's upstream artifacts (world, SFT checkpoint, curated questions, teacher answers,
 discriminator, mini benchmarks), so they may only change `rl.*`, `merge.*` and `evaluate.*` (not
@@ -42,6 +47,8 @@ NAME = r"^[A-Za-z0-9_.-]+$"
 VARIANT_SECTIONS = ("rl", "merge", "evaluate")
 UPSTREAM_KEYS = {"evaluate.mini_items": "it sizes the shared mini benchmarks (data/benchmarks)"}
 METRICS = ("world_test", "benchmark_average", *BENCHMARKS)
+AGENT_METRICS = ("success", "entropy", "format_errors")
+AGENT_KEYS = ("agent.rl", "agent.eval_episodes", "agent.eval_batch")  # what an agent study's variants may change
 MODELS = ("rl_final", "merged")
 STUDY_DIR = Path("reports/study")
 
@@ -54,7 +61,8 @@ class ClaimSpec(_Strict):
     better: str
     than: str
     name: str = ""
-    metric: str = "benchmark_average"      # world_test | benchmark_average | one benchmark's name
+    metric: str | None = None              # world_test | benchmark_average (default) | one benchmark's name;
+    #                                        an agent study: success (default) | entropy | format_errors
     model: Literal["rl_final", "merged"] | None = None  # default: the study's model
 
 
@@ -69,6 +77,7 @@ class StudyFile(_Strict):
     baseline: str
     variants: dict[str, dict[str, Any] | None]
     name: str | None = Field(None, pattern=NAME)
+    task: Literal["qa", "agent"] = "qa"    # qa: the rl stage on questions; agent: agent_rl on the agent game
     description: str = ""
     model: Literal["rl_final", "merged"] = "rl_final"
     bootstrap: int = Field(1000, ge=100)
@@ -123,6 +132,7 @@ class Study:
     variants: dict[str, Variant]
     claims: list[Claim]
     services: dict[str, ServiceSpec] = field(default_factory=dict)
+    task: str = "qa"
 
     @property
     def out_dir(self) -> Path:
@@ -210,6 +220,17 @@ def _first_leaf(value: Any, key: str) -> str:
         k, v = next(iter(value.items()))
         return _first_leaf(v, f"{key}.{k}")
     return key
+
+
+def _check_agent_keys(overrides: dict, where: str, path: Path) -> None:
+    """An agent study's variants share models/agent_sft (made from agent.env, agent.grid, agent.sft)."""
+    for key in flatten(overrides):
+        if key == "seed":
+            raise ConfigError(f"{path}: {where}.seed is not allowed: a run's seed comes from the study's `seeds`")
+        if not any(key == k or key.startswith(k + ".") for k in AGENT_KEYS):
+            raise ConfigError(f"{path}: {where}.{key} is not allowed: an agent study shares the project's warm start "
+                              f"(models/agent_sft), so variants may change {', '.join(AGENT_KEYS[:1])}.*, "
+                              f"{', '.join(AGENT_KEYS[1:])} only")
 
 
 def _check_sections(overrides: dict, where: str, path: Path) -> None:
@@ -314,13 +335,19 @@ def load_study(path: str | Path, project: str | Path = ".") -> Study:
     names = ", ".join(spec.variants)
     if spec.baseline not in spec.variants:
         raise ConfigError(f"{path}: baseline '{spec.baseline}' is not a variant (variants: {names})")
+    default_metric = "success" if spec.task == "agent" else "benchmark_average"
+    spec = spec.model_copy(update={"claims": [c.model_copy(update={"metric": c.metric or default_metric})
+                                              for c in spec.claims]})
     for i, c in enumerate(spec.claims):
         for side in ("better", "than"):
             if getattr(c, side) not in spec.variants:
                 raise ConfigError(f"{path}: claims[{i}].{side} '{getattr(c, side)}' is not a variant (variants: {names})")
         if c.better == c.than:
             raise ConfigError(f"{path}: claims[{i}] compares '{c.better}' with itself")
-        if c.metric not in METRICS:
+        if spec.task == "agent" and c.metric not in AGENT_METRICS:
+            raise ConfigError(f"{path}: claims[{i}].metric '{c.metric}' is not an agent study's metric (expected "
+                              f"{', '.join(AGENT_METRICS)})")
+        if spec.task == "qa" and c.metric not in METRICS:
             raise ConfigError(f"{path}: claims[{i}].metric '{c.metric}' is unknown (expected world_test, "
                               f"benchmark_average or a benchmark: {', '.join(BENCHMARKS)})")
     ports = [s.port for s in spec.services.values()]
@@ -331,7 +358,8 @@ def load_study(path: str | Path, project: str | Path = ".") -> Study:
     load_config(params_file)  # the project's own params must be valid first (its message names that file)
     params, _ = read_params(params_file)
     common = expand(spec.common, "common", path)
-    _check_sections(common, "common", path)
+    check = _check_agent_keys if spec.task == "agent" else _check_sections
+    check(common, "common", path)
     variants = {}
     for name, body in spec.variants.items():
         where = f"variants.{name}"
@@ -341,12 +369,12 @@ def load_study(path: str | Path, project: str | Path = ".") -> Study:
         train = own.pop("train", True)
         if not isinstance(train, bool):
             raise ConfigError(f"{path}: {where}.train expects true or false (got {train!r})")
-        _check_sections(own, where, path)
+        check(own, where, path)
         if not train:
-            for section in ("rl", "merge"):
-                if section in own:
-                    raise ConfigError(f"{path}: {_first_leaf(own[section], f'{where}.{section}')} has no effect: "
-                                      "train: false evaluates the SFT checkpoint without RL")
+            dead = [k for k in flatten(own) if k.split(".")[0] in ("rl", "merge") or k.startswith("agent.rl.")]
+            if dead:
+                raise ConfigError(f"{path}: {where}.{dead[0]} has no effect: "
+                                  "train: false evaluates the SFT checkpoint without RL")
         merged = deep_merge(deep_merge(params, common), own)
         merged["seed"] = spec.seeds[0]
         try:
@@ -362,7 +390,8 @@ def load_study(path: str | Path, project: str | Path = ".") -> Study:
     return Study(path=path.resolve(), project=project, name=spec.name or path.stem, seeds=list(spec.seeds),
                  baseline=spec.baseline, model=spec.model, bootstrap=spec.bootstrap,
                  keep_checkpoints=spec.keep_checkpoints, description=spec.description,
-                 common=flatten(common), variants=variants, claims=claims, services=dict(spec.services))
+                 common=flatten(common), variants=variants, claims=claims, services=dict(spec.services),
+                 task=spec.task)
 
 
 def describe(overrides: dict[str, Any], empty: str = "(params as they are)") -> str:

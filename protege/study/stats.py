@@ -31,6 +31,7 @@ class Part:
     scores: dict[str, float]               # unit id -> score in [0, 1]
     aggregate: str = "micro"               # micro | macro
     categories: dict[str, str] | None = None  # unit id -> category (macro only)
+    percent: bool = True                   # False: scores are figures of their own (e.g. entropy in nats)
 
 
 Run = dict[str, Part]                      # part name -> Part (a run's metric)
@@ -105,8 +106,10 @@ def _estimate(rows_a: list[Run] | None, rows_b: list[Run], n_boot: int, seed: in
         units += N
         ones = np.ones((1, N))
         W = rng.multinomial(N, np.full(N, 1.0 / N), size=n_boot).astype(float)  # [B, N] unit draw counts
-        point += _part_scores(XB, ones, codes, n_cat)[0] - (_part_scores(XA, ones, codes, n_cat)[0] if XA is not None else 0)
-        reps += _part_scores(XB, W, codes, n_cat) - (_part_scores(XA, W, codes, n_cat) if XA is not None else 0)
+        k = 1.0 if rows_b[0][name].percent else 0.01  # _part_scores reports percent
+        point += k * (_part_scores(XB, ones, codes, n_cat)[0]
+                      - (_part_scores(XA, ones, codes, n_cat)[0] if XA is not None else 0))
+        reps += k * (_part_scores(XB, W, codes, n_cat) - (_part_scores(XA, W, codes, n_cat) if XA is not None else 0))
     point /= len(names)
     reps /= len(names)
     seeds = rng.integers(0, n_pairs, size=(n_boot, n_pairs))  # the seed level: pairs drawn with replacement

@@ -1,0 +1,210 @@
+"""RL on a multi-turn visual agent game, optionally guided by GTR-Turbo's merged teacher.
+
+Per step: a few fresh layouts, each played `group_size` times by the policy (multi-turn episodes, one image
+observation per turn); reward = the episode's return (format reward every turn + success reward), minus
+GTR-Turbo's KL penalty to the merged teacher under `gtr.guidance: kl`; group-relative advantages over the
+plays of a layout, carried by every token the policy wrote; one clipped update, plus under `gtr.guidance:
+sft` a cross-entropy on the thoughts the merged teacher writes for observations of this step; then the
+updated weights join the merged teacher. Read top to bottom: this is the whole algorithm. The math lives
+in advantages.py and losses.py, the episodes in episodes.py, the merge in merged_teacher.py.
+"""
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from protege.config import AgentConfig
+from protege.generation.transformers_backend import Sampling, complete
+from protege.models.processor import StudentProcessor
+from protege.models.student import save_student
+from protege.paths import checkpoints
+from protege.rl.advantages import group_advantages
+from protege.rl.episodes import Episode, EpisodeBatch, batch_to, pack, pack_episodes, play, prompt_batch, sequence_logprobs
+from protege.rl.losses import merged_kl_penalty, policy_loss, thought_sft_loss
+from protege.rl.merged_teacher import MergedTeacher, trainable_weights
+from protege.rl.trainable import select_trainable
+from protege.train.runtime.placement import CPU, resolve_device, visiting
+from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fingerprint, read_state, recover_state,
+                                         restore_state, save_state)
+from protege.train.runtime.updaters import make_updater
+from protege.world.envs import EVAL_SEED_OFFSET, action_start, make_env, train_seed
+
+
+def env_factory(cfg: AgentConfig, image_size: int) -> Callable[[], object]:
+    return lambda: make_env(cfg.env, image_size=image_size, **cfg.grid.model_dump())
+
+
+def agent_fingerprint(cfg: AgentConfig, seed: int, inputs_digest: str = "") -> str:
+    """Identifies the run a resume state belongs to. Raising rl.steps continues a finished run (constant LR);
+    evaluation settings and placement change nothing."""
+    return fingerprint(cfg.model_dump(exclude={"eval_episodes": True, "eval_batch": True, "rl": {"steps", "device"}}),
+                       seed, inputs_digest)
+
+
+def checkpoint_dir(out_dir: Path, step: int) -> Path:
+    return out_dir / f"step-{step:05d}"
+
+
+@dataclass
+class ThoughtBatch:
+    batch: EpisodeBatch
+    contexts: int          # observations the merged teacher answered
+    parsed: int            # of which with a parseable action (the others teach nothing)
+
+
+def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k: int, sampling: Sampling,
+                    rng: random.Random, device: torch.device) -> ThoughtBatch | None:
+    """GTR-Turbo `sft`: the merged teacher writes its own output for k observations of this step's episodes
+    (the same contexts the policy answered); the tokens before its action are the targets."""
+    turns = [(i, j) for i, e in enumerate(eps) for j in range(e.turns)]
+    picked = rng.sample(turns, min(k, len(turns)))
+    contexts = [eps[i].prefix(j) for i, j in picked]
+    batch = {key: v.to(device) for key, v in prompt_batch(processor, [(ids, vis) for ids, vis, _ in contexts]).items()}
+    out = complete(teacher, processor, batch, [ims for *_, ims in contexts], sampling)
+    tok = processor.tokenizer
+    rows, parsed = [], 0
+    for r, (ids, vision, _) in enumerate(contexts):
+        gen = out.sequences[r, out.prompt_len:][out.completion_mask[r].bool()].tolist()
+        body = gen[:-1] if gen and gen[-1] == tok.eos_token_id else gen
+        cut = action_start(tok.decode(body))
+        n_thought = 0
+        if cut is not None:
+            parsed += 1
+            while n_thought < len(body) and len(tok.decode(body[:n_thought + 1])) <= cut:
+                n_thought += 1
+        seq = ids + gen
+        rows.append((seq, [0] * len(ids) + [1] * n_thought + [0] * (len(gen) - n_thought), [0] * len(seq), vision))
+    if not parsed:
+        return None
+    return ThoughtBatch(batch_to(pack(processor, rows), device), len(contexts), parsed)
+
+
+def run_agent_rl(policy, processor: StudentProcessor, cfg: AgentConfig, image_size: int, out_dir: Path, seed: int,
+                 on_log: Callable[[int, dict], None] | None = None, state_dir: Path | None = None,
+                 stop_after: int | None = None, inputs_digest: str = "",
+                 on_state_saved: Callable[[int], None] | None = None,
+                 new_env: Callable[[], object] | None = None) -> list[Path]:
+    """Trains `policy` in place; returns the checkpoint folders written (`out_dir/step-NNNNN`; with GTR-Turbo
+    also `out_dir/merged-teacher`, the teacher after the last update). With `state_dir` the whole training
+    state (merged teacher included) is saved every `save_every` steps and resumed from when it matches.
+    `new_env` builds an environment (default: the configured game), any with reset(seed) / step(text)."""
+    rl, gtr = cfg.rl, cfg.rl.gtr
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    device = resolve_device(rl.device, "agent.rl.device")
+    G = rl.group_size
+    new_env = new_env or env_factory(cfg, image_size)
+    ref = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_beta > 0 else None
+    teacher = copy.deepcopy(policy).eval().requires_grad_(False) if gtr.guidance != "none" else None
+    policy.to(device)
+    params = select_trainable(policy, rl.trainable)
+    updater = make_updater("torch", policy, params, rl.lr, 2, device, key="agent.rl")  # constant LR
+    merged = (MergedTeacher(trainable_weights(policy), gtr.merge, gtr.ema_alpha, gtr.ties_density)
+              if teacher is not None else None)
+    parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
+    if merged is not None:
+        parts["merged_teacher"] = merged
+    sampling = Sampling(do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
+                        max_new_tokens=rl.max_new_tokens)
+    L_max = rl.max_new_tokens * cfg.grid.max_turns  # Dr.GRPO's constant denominator: the longest possible episode
+    fp = agent_fingerprint(cfg, seed, inputs_digest)
+    start, saved = 1, []
+    if state_dir is not None:
+        recover_state(state_dir)
+        meta = read_state(state_dir)
+        if meta is not None and meta["fingerprint"] == fp and meta["step"] <= rl.steps:
+            restore_state(state_dir, meta, parts=parts, py_rng=rng)
+            start, saved = meta["step"] + 1, checkpoints(out_dir)
+            if merged is not None:
+                merged.load_into(teacher)
+
+    step = start - 1
+    for step in range(start, rl.steps + 1):
+        t0 = time.perf_counter()
+        # 1. fresh layouts, each played G times
+        layouts = [train_seed(rng.randrange(EVAL_SEED_OFFSET)) for _ in range(rl.seeds_per_step)]
+        seeds = [s for s in layouts for _ in range(G)]
+
+        # 2. multi-turn episodes from pi_old (= the current policy), all at once
+        t_roll = time.perf_counter()
+        eps = play(policy, processor, [new_env() for _ in seeds], seeds, sampling, device=device)
+        rollout_s = time.perf_counter() - t_roll
+        batch = batch_to(pack_episodes(processor, eps), device)
+        mask = batch.loss_mask.float()  # [N, T-1] the policy's own tokens
+        logp, entropy = sequence_logprobs(policy, batch, with_entropy=True)  # [N, T-1] each
+
+        # 3. rewards: the episode's return; GTR-Turbo `kl` subtracts the clamped KL to the merged teacher
+        returns = torch.tensor([e.total_reward for e in eps])  # [N]
+        metrics: dict[str, float] = {}
+        rewards = returns
+        if merged is not None:
+            with torch.no_grad(), visiting(teacher, device, device != CPU):
+                logp_m = sequence_logprobs(teacher, batch)
+            penalty = merged_kl_penalty(logp.detach(), logp_m, mask, gtr.kl_clamp).cpu()  # [N]
+            metrics["kl_merged"] = float(((logp.detach() - logp_m) * mask).sum() / mask.sum().clamp(min=1))
+            metrics["kl_penalty"] = float(penalty.mean())
+            if gtr.guidance == "kl":
+                rewards = returns - gtr.kl_coef * penalty
+
+        # 4. group-relative advantages over the plays of a layout, on every token of the episode
+        adv = group_advantages(rewards.view(-1, G), scale_by_std=rl.algorithm == "grpo").flatten()  # [N]
+        adv_tokens = adv.to(device).unsqueeze(1) * mask  # [N, T-1]
+
+        # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy); GTR-Turbo `sft`: CE on merged thoughts
+        if ref is not None:
+            with torch.no_grad(), visiting(ref, device, device != CPU):
+                logp_ref = sequence_logprobs(ref, batch)
+        else:
+            logp_ref = logp.detach()
+        loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv_tokens, mask, clip_eps=rl.clip_eps,
+                                  kl_beta=rl.kl_beta, aggregation=rl.algorithm, max_len=L_max)
+        if gtr.guidance == "sft":
+            with visiting(teacher, device, device != CPU):
+                thoughts = merged_thoughts(teacher, processor, eps, gtr.sft_contexts, sampling, rng, device)
+            if thoughts is not None:
+                sft = thought_sft_loss(sequence_logprobs(policy, thoughts.batch), thoughts.batch.loss_mask.float())
+                loss = loss + gtr.sft_coef * sft
+                metrics.update(sft_loss=float(sft.detach()), teacher_parse_rate=thoughts.parsed / thoughts.contexts)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"agent RL loss is {loss.item()} at step {step}; last good checkpoint: "
+                                     f"{saved[-1] if saved else 'none (the starting model)'}")
+
+        # 6. update; the new weights join the merged teacher
+        updater.update(loss)
+        if merged is not None:
+            merged.add(trainable_weights(policy))
+            merged.load_into(teacher)
+            metrics["merge_s"] = merged.seconds
+        seconds = time.perf_counter() - t0
+
+        # 7. checkpoint and training state
+        if step % rl.save_every == 0 or step == rl.steps:
+            saved.append(checkpoint_dir(out_dir, step))
+            save_student(policy, processor, saved[-1])
+            if state_dir is not None:
+                save_state(state_dir, step=step, parts=parts, py_rng=rng, cursor={}, fingerprint=fp)
+                if on_state_saved is not None:
+                    on_state_saved(step)
+        if on_log:
+            turns = [i for e in eps for i in e.infos]
+            n_tok = float(mask.sum())
+            metrics.update({
+                "success_rate": sum(e.success for e in eps) / len(eps),
+                "format_error_rate": sum(not i.get("legal", True) for i in turns) / max(len(turns), 1),
+                "entropy": float((entropy.detach() * mask).sum() / max(n_tok, 1.0)),
+                "reward": float(rewards.mean()), "return": float(returns.mean()),
+                "turns_per_episode": len(turns) / len(eps), "loss": float(loss.detach()), "kl_ref": float(stats["kl"]),
+                "clip_fraction": float(stats["clip_fraction"]), "rollout_s": rollout_s, "step_s": seconds,
+                "tokens_per_episode": n_tok / len(eps)})
+            on_log(step, metrics)
+        if stop_after is not None and step >= stop_after:
+            break
+    if merged is not None and step >= rl.steps:
+        save_student(teacher, processor, out_dir / "merged-teacher")
+    return saved

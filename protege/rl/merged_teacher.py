@@ -1,0 +1,77 @@
+"""GTR-Turbo's free teacher: a merge of every checkpoint the running RL job has produced.
+
+After update k the trainable weights c_k join the merge. With pi_init the weights before the first update:
+- `average`: M_k = ((k - 1) M_{k-1} + c_k) / k = (1/k) sum_{j<=k} c_j
+- `ema`:     M_k = (1 - alpha) M_{k-1} + alpha c_k, M_0 = pi_init
+- `ties`:    M_k = pi_init + TIES(c_1 - pi_init, ..., c_k - pi_init; density), every task vector weight 1
+M_0 = pi_init for all three. `ties` keeps every task vector (memory grows by one copy of the trainable
+weights per update, on the CPU); the other two keep one running copy. Nothing is ever dropped: the tests
+check M_k against the closed form over all k checkpoints.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from protege.merging.methods import ties as ties_merge
+
+
+class MergedTeacher:
+    per_rank = False  # a state part (protege.train.runtime.state): one whole copy, written by rank 0
+
+    def __init__(self, init: dict[str, torch.Tensor], method: str, ema_alpha: float = 0.1,
+                 ties_density: float = 0.8):
+        if method not in ("average", "ema", "ties"):
+            raise ValueError(f"unknown merged-teacher method {method!r}; expected average, ema or ties")
+        self.method, self.alpha, self.density = method, ema_alpha, ties_density
+        self.init = {k: v.detach().to("cpu", torch.float32).clone() for k, v in init.items()}
+        self.merged = {k: v.clone() for k, v in self.init.items()}
+        self.count = 0
+        self.task_vectors: list[dict[str, torch.Tensor]] = []
+        self.seconds = 0.0  # time spent merging by the last `add`
+
+    def add(self, weights: dict[str, torch.Tensor]) -> None:
+        """Joins checkpoint c_{k+1} (the trainable weights after an update) to the merge."""
+        t0 = time.perf_counter()
+        if set(weights) != set(self.init):
+            raise ValueError(f"checkpoint tensors differ from the merge's: {sorted(set(weights) ^ set(self.init))[:5]}")
+        self.count += 1
+        k = self.count
+        for name, w in weights.items():
+            c = w.detach().to("cpu", torch.float32)
+            if self.method == "average":
+                self.merged[name] = self.merged[name] * ((k - 1) / k) + c / k
+            elif self.method == "ema":
+                self.merged[name] = (1 - self.alpha) * self.merged[name] + self.alpha * c
+        if self.method == "ties":
+            self.task_vectors.append({n: w.detach().to("cpu", torch.float32) - self.init[n] for n, w in weights.items()})
+            for name, base in self.init.items():
+                tvs = torch.stack([tv[name] for tv in self.task_vectors])  # [k, *shape]
+                self.merged[name] = base + ties_merge(tvs, [1.0] * k, self.density)
+        self.seconds = time.perf_counter() - t0
+
+    @torch.no_grad()
+    def load_into(self, model: torch.nn.Module) -> None:
+        """Writes the merged weights into `model` (the teacher module; its other weights are pi_init's)."""
+        params = dict(model.named_parameters())
+        for name, value in self.merged.items():
+            params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+    # a state part: the merge survives a resume exactly
+    def dump(self):
+        tensors = {f"merged/{k}": v for k, v in self.merged.items()}
+        tensors.update({f"tv{j}/{k}": v for j, tv in enumerate(self.task_vectors) for k, v in tv.items()})
+        return tensors, {"count": self.count, "method": self.method}
+
+    def load(self, tensors, extras):
+        if extras["method"] != self.method:
+            raise ValueError(f"saved merged teacher is {extras['method']!r}, this run's is {self.method!r}")
+        self.count = extras["count"]
+        self.merged = {k[len("merged/"):]: v.clone() for k, v in tensors.items() if k.startswith("merged/")}
+        self.task_vectors = [{k.split("/", 1)[1]: v.clone() for k, v in tensors.items() if k.startswith(f"tv{j}/")}
+                             for j in range(self.count if self.method == "ties" else 0)]
+
+
+def trainable_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}

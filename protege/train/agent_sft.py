@@ -1,0 +1,65 @@
+"""Warm start for agent RL: supervised training on the scripted solver's multi-turn episodes.
+
+An expert episode is laid out exactly as a played one (protege.rl.episodes): observations as user turns,
+the solver's "thought + action" as the assistant's; the loss is the cross-entropy on the assistant tokens.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import torch
+
+from protege.config import AgentConfig
+from protege.models.processor import StudentProcessor
+from protege.rl.episodes import Episode, add_observation, add_policy_turn, batch_to, pack_episodes, sequence_logprobs, start_episode
+from protege.rl.losses import thought_sft_loss
+from protege.train.runtime.placement import resolve_device
+from protege.train.runtime.updaters import make_updater
+from protege.world.envs import GridParams, expert_episode, train_seed
+
+
+def grid_params(cfg: AgentConfig, image_size: int) -> GridParams:
+    return GridParams(image_size=image_size, **cfg.grid.model_dump())
+
+
+def expert_as_episode(processor: StudentProcessor, turns) -> Episode:
+    """(observation, solver text) per turn -> the episode as the policy would have played it."""
+    tok = processor.tokenizer
+    ep = start_episode(processor, turns[0][0])
+    for j, (obs, text) in enumerate(turns):
+        if j:
+            add_observation(processor, ep, obs)
+        add_policy_turn(ep, tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id], text,
+                        tok.eos_token_id)
+    return ep
+
+
+def train_agent_sft(model, processor: StudentProcessor, cfg: AgentConfig, image_size: int, seed: int,
+                    device_name: str = "auto", on_log: Callable[[int, dict], None] | None = None) -> dict:
+    """Trains `model` in place on `cfg.sft.episodes` expert episodes (train seeds 0..episodes-1)."""
+    sft = cfg.sft
+    params = grid_params(cfg, image_size)
+    episodes = [expert_as_episode(processor, expert_episode(params, train_seed(i))) for i in range(sft.episodes)]
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    device = resolve_device(device_name, "agent.sft.device")
+    model.to(device).train()
+    updater = make_updater("torch", model, [p for p in model.parameters() if p.requires_grad], sft.lr, 2, device,
+                           key="agent.sft")
+    order: list[int] = []
+    t0, last = time.perf_counter(), {}
+    for step in range(1, sft.steps + 1):
+        if len(order) < sft.batch_size:
+            fresh = list(range(len(episodes)))
+            rng.shuffle(fresh)
+            order += fresh
+        idx, order = order[:sft.batch_size], order[sft.batch_size:]
+        batch = batch_to(pack_episodes(processor, [episodes[i] for i in idx]), device)
+        loss = thought_sft_loss(sequence_logprobs(model, batch), batch.loss_mask.float())  # CE on the solver's turns
+        updater.update(loss)
+        last = {"loss": float(loss.detach()), "seconds": time.perf_counter() - t0}
+        if on_log and (step % sft.log_every == 0 or step == sft.steps):
+            on_log(step, last)
+    return {"episodes": len(episodes), "turns": sum(e.turns for e in episodes), **last}

@@ -1,0 +1,134 @@
+"""Agent RL with GTR-Turbo on the grid game, tiny model, a few steps: weights change, the merged teacher
+is the closed-form average of every checkpoint, resume is exact, the merged teacher's thoughts are masked
+to the thought tokens, and the warm start learns from the solver's episodes."""
+import copy
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from protege.config import AgentConfig
+from protege.generation.transformers_backend import Completions, completion_mask
+from protege.rl.agent_loop import merged_thoughts, run_agent_rl
+from protege.rl.episodes import play
+from protege.generation.transformers_backend import Sampling
+from protege.train.agent_sft import expert_as_episode, grid_params, train_agent_sft
+from protege.world.envs import expert_episode, make_env, train_seed
+
+
+def tiny_cfg(**gtr):
+    return AgentConfig.model_validate({
+        "grid": {"max_turns": 2},
+        "sft": {"episodes": 8, "steps": 2, "batch_size": 4},
+        "rl": {"steps": 3, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6, "save_every": 1,
+               "lr": 1e-3, "gtr": {"guidance": "kl", **gtr}},
+        "eval_episodes": 4})
+
+
+class VarietyEnv:
+    """Two turns on a grid picture; reward = distinct characters written / 10, so an untrained policy's
+    samples already differ in reward (the grid's own rewards need a policy that can write actions)."""
+
+    def reset(self, seed):
+        self.env = make_env("grid", max_turns=2)
+        self.obs = self.env.reset(seed)
+        self.turn = 0
+        return self.obs
+
+    def step(self, text):
+        from protege.world.envs import StepResult
+
+        self.turn += 1
+        done = self.turn == 2
+        return StepResult(None if done else self.obs, len(set(text)) / 10, done,
+                          {"legal": bool(text), "success": len(set(text)) > 8})
+
+
+def weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_merged_teacher_is_the_average_of_every_checkpoint(tiny_student, tiny_processor, tmp_path):
+    from protege.models.student import save_student
+
+    save_student(tiny_student, tiny_processor, tmp_path / "init")
+    init = weights(tmp_path / "init")
+    logs = []
+    saved = run_agent_rl(tiny_student, tiny_processor, tiny_cfg(), 64, tmp_path / "out", seed=0,
+                         on_log=lambda s, m: logs.append(m), new_env=VarietyEnv)
+    assert [p.name for p in saved] == ["step-00001", "step-00002", "step-00003"]
+    ckpts = [weights(p) for p in saved]
+    merged = weights(tmp_path / "out" / "merged-teacher")
+    changed = 0
+    for name in merged:
+        expected = sum(c[name] for c in ckpts) / len(ckpts)
+        assert torch.allclose(merged[name], expected, atol=1e-6), name
+        changed += not torch.equal(ckpts[-1][name], init[name])
+    assert changed > 0
+    for key in ("success_rate", "format_error_rate", "entropy", "kl_merged", "merge_s", "turns_per_episode"):
+        assert key in logs[-1]
+    assert logs[0]["kl_merged"] == pytest.approx(0.0, abs=1e-6)  # M_0 = pi_init = the policy at step 1
+
+
+def test_resume_is_exact(tiny_processor, tmp_path):
+    from protege.config import ModelConfig
+    from protege.models.student import build_student
+
+    cfg = tiny_cfg(merge="ema")
+    full = build_student(ModelConfig(), tiny_processor, seed=0)
+    run_agent_rl(full, tiny_processor, cfg, 64, tmp_path / "a", seed=1, state_dir=tmp_path / "a" / "state",
+                 new_env=VarietyEnv)
+    part = build_student(ModelConfig(), tiny_processor, seed=0)
+    run_agent_rl(part, tiny_processor, cfg, 64, tmp_path / "b", seed=1, state_dir=tmp_path / "b" / "state",
+                 stop_after=2, new_env=VarietyEnv)
+    again = build_student(ModelConfig(), tiny_processor, seed=0)  # a new process: fresh weights, then resume
+    run_agent_rl(again, tiny_processor, cfg, 64, tmp_path / "b", seed=1, state_dir=tmp_path / "b" / "state",
+                 new_env=VarietyEnv)
+    for (n, a), b in zip(full.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), n
+    ma, mb = weights(tmp_path / "a" / "merged-teacher"), weights(tmp_path / "b" / "merged-teacher")
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+class ScriptedEngine:
+    """A generation engine (the interface vLLM's fills) that always answers one text."""
+
+    def __init__(self, processor, text):
+        self.ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"] + [processor.tokenizer.eos_token_id]
+        self.eos = processor.tokenizer.eos_token_id
+
+    def sample(self, processor, batch, images, sampling, n=1):
+        B, P = batch["input_ids"].shape
+        comp = torch.tensor([self.ids] * B)
+        return Completions(torch.cat([batch["input_ids"], comp], 1), P, completion_mask(comp, self.eos),
+                           [processor.tokenizer.decode(self.ids[:-1])] * B)
+
+
+def test_merged_thoughts_train_on_the_thought_only(tiny_student, tiny_processor):
+    import random
+
+    eps = play(tiny_student, tiny_processor, [make_env("grid", max_turns=2) for _ in range(2)], [train_seed(0), train_seed(1)],
+               Sampling(do_sample=False, max_new_tokens=4))
+    tok = tiny_processor.tokenizer
+    teacher = ScriptedEngine(tiny_processor, "I am at row 1, column 2. Action: up")
+    out = merged_thoughts(teacher, tiny_processor, eps, 3, Sampling(), random.Random(0), torch.device("cpu"))
+    assert out.contexts == 3 and out.parsed == 3
+    ids = out.batch.inputs["input_ids"][:, 1:]
+    for r in range(3):
+        target = tok.decode(ids[r][out.batch.loss_mask[r].bool()])
+        assert target == "I am at row 1, column 2."
+    unparsed = merged_thoughts(ScriptedEngine(tiny_processor, "no action here"), tiny_processor, eps, 2, Sampling(),
+                               random.Random(0), torch.device("cpu"))
+    assert unparsed is None
+
+
+def test_expert_episodes_and_warm_start(tiny_student, tiny_processor):
+    cfg = tiny_cfg()
+    turns = expert_episode(grid_params(cfg, 64), train_seed(5))
+    ep = expert_as_episode(tiny_processor, turns)
+    tok = tiny_processor.tokenizer
+    assert [tok.decode(ep.ids[a:b - 1]) for a, b in ep.spans] == [t for _, t in turns]
+    before = copy.deepcopy(tiny_student.state_dict())
+    out = train_agent_sft(tiny_student, tiny_processor, cfg, 64, seed=0)
+    assert out["episodes"] == 8 and out["loss"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in tiny_student.state_dict().items())
