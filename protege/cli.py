@@ -306,6 +306,40 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
     raise typer.Exit(code)
 
 
+@app.command("merge")
+def merge(config: Path = typer.Argument(..., help="a mergekit-style merge YAML (models:, base_model, merge_method, "
+                                                  "parameters, dtype, out_dtype, tokenizer_source)"),
+          out_dir: Path = typer.Argument(..., help="output folder (must not exist; written atomically)"),
+          max_shard_size: str = typer.Option("5GB", "--max-shard-size", help="largest output shard, e.g. 5GB, "
+                                                                              "500MB, 2GiB"),
+          seed: int = typer.Option(0, help="seed of the generator the random methods (dare_*) draw from"),
+          overwrite: bool = typer.Option(False, "--overwrite", help="replace OUT_DIR if it exists (only once "
+                                                                    "the new output is complete)")) -> None:
+    """Merge safetensors checkpoints as a mergekit config says, streamed tensor by tensor (no whole model in
+    memory); the result loads with transformers' from_pretrained."""
+    from protege.errors import UserFacingError
+    from protege.merging.io import parse_size
+    from protege.merging.streaming import merge_folders
+
+    try:
+        shard_bytes = parse_size(max_shard_size)
+    except ValueError as exc:
+        _fail(f"--max-shard-size: {exc}", code=1)
+    step = [0]
+
+    def progress(done: int, total: int, name: str) -> None:
+        if done == total or done == 1 or done >= step[0]:
+            typer.echo(f"merge: {done}/{total} tensors ({name})", err=True)
+            step[0] = done + max(1, total // 50)
+
+    try:
+        out = merge_folders(config, out_dir, progress=progress, max_shard_bytes=shard_bytes, seed=seed,
+                            overwrite=overwrite)
+    except UserFacingError as exc:
+        _fail(str(exc), code=1)
+    typer.echo(f"merged -> {out}")
+
+
 def main() -> None:
     # `protege stage` under a pipeline run: a warm host (protege/stage_host.py) runs it without paying for
     # the imports again; anything else, or no host, runs here

@@ -1,0 +1,32 @@
+"""protege merge == mergekit on the deterministic methods (benchmarks/mergekit_parity.py), when mergekit is here.
+
+Opt-in: PROTEGE_MERGEKIT=/path/to/mergekit-yaml (mergekit in its own venv; about 15 s per method)."""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+MERGEKIT = os.environ.get("PROTEGE_MERGEKIT")
+pytestmark = pytest.mark.skipif(not MERGEKIT, reason="set PROTEGE_MERGEKIT to a mergekit-yaml to compare with it")
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mergekit_parity.py"
+DETERMINISTIC = ["linear", "task_arithmetic", "ties", "ties_unnormalized", "ties_bf16_in_float32", "dare_linear_d1", "dare_ties_d1",
+                 "breadcrumbs", "breadcrumbs_ties", "slerp", "model_stock", "model_stock_filter_wise"]
+
+
+@pytest.fixture(scope="module")
+def parity(tmp_path_factory):
+    spec = importlib.util.spec_from_file_location("mergekit_parity", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    root = tmp_path_factory.mktemp("parity")
+    return mod, root, mod.configs(mod.build_checkpoints(root / "ckpts"))
+
+
+@pytest.mark.parametrize("case", DETERMINISTIC)
+def test_same_tensors_as_mergekit(parity, case):
+    mod, root, cases = parity
+    res = mod.run_case(case, cases[case], root / "runs", MERGEKIT)
+    assert "error" not in res, res.get("error")
+    assert not res["only_protege"] and not res["only_mergekit"]
+    assert res["max_abs_diff"] <= 1e-5, f"{case}: {res['worst']} differs by {res['max_abs_diff']}"
