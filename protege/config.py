@@ -419,6 +419,9 @@ class AgentRLConfig(SamplingConfig):
 class AgentConfig(Section):
     """Multi-turn visual agent RL (GTR-Turbo): the grid game, warm start, RL, success-rate evaluation."""
     env: Literal["grid"] = "grid"
+    # what the policy sees each turn: the current observation only (a Markov policy, as in GTR-Turbo's games)
+    # or the whole conversation so far
+    context: Literal["current", "full"] = "current"
     grid: GridEnvConfig = GridEnvConfig()
     sft: AgentSFTConfig = AgentSFTConfig()
     rl: AgentRLConfig = AgentRLConfig()

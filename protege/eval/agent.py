@@ -7,7 +7,7 @@ import torch
 from protege.config import AgentConfig
 from protege.eval.stats import percentile_ci
 from protege.generation.transformers_backend import Sampling
-from protege.rl.episodes import batch_to, pack_episodes, play, sequence_logprobs
+from protege.rl.episodes import batch_to, pack_episodes, per_episode, play, sequence_logprobs
 from protege.world.envs import eval_seed, make_env
 
 
@@ -25,13 +25,13 @@ def evaluate_agent(model, processor, cfg: AgentConfig, image_size: int, episodes
     for lo in range(0, n, cfg.eval_batch):
         seeds = [eval_seed(i) for i in range(lo, min(n, lo + cfg.eval_batch))]
         envs = [make_env(cfg.env, image_size=image_size, **cfg.grid.model_dump()) for _ in seeds]
-        eps = play(model, processor, envs, seeds, greedy, device=device)
+        eps = play(model, processor, envs, seeds, greedy, device=device, context=cfg.context)
         batch = pack_episodes(processor, eps)
         if device is not None:
             batch = batch_to(batch, device)
         _, entropy = sequence_logprobs(model, batch, with_entropy=True)
         mask = batch.loss_mask.float()
-        per_ep = ((entropy * mask).sum(1) / mask.sum(1).clamp(min=1)).cpu().tolist()
+        per_ep = per_episode((entropy * mask).sum(1), mask.sum(1), batch.owner, len(eps)).cpu().tolist()
         for s, e, h in zip(seeds, eps, per_ep):
             rows.append({"seed": s, "success": e.success, "turns": e.turns, "return": e.total_reward,
                          "format_errors": sum(not i.get("legal", True) for i in e.infos), "entropy": h})

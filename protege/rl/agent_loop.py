@@ -133,28 +133,29 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: AgentConfig, image_si
 
         # 2. multi-turn episodes from pi_old (= the current policy), all at once
         t_roll = time.perf_counter()
-        eps = play(policy, processor, [new_env() for _ in seeds], seeds, sampling, device=device)
+        eps = play(policy, processor, [new_env() for _ in seeds], seeds, sampling, device=device, context=cfg.context)
         rollout_s = time.perf_counter() - t_roll
         batch = batch_to(pack_episodes(processor, eps), device)
-        mask = batch.loss_mask.float()  # [N, T-1] the policy's own tokens
+        mask = batch.loss_mask.float()  # [N, T-1] the policy's own tokens (N rows: episodes, or their turns)
+        owner = batch.owner  # [N] the episode of each row
         logp, entropy = sequence_logprobs(policy, batch, with_entropy=True)  # [N, T-1] each
 
         # 3. rewards: the episode's return; GTR-Turbo `kl` subtracts the clamped KL to the merged teacher
-        returns = torch.tensor([e.total_reward for e in eps])  # [N]
+        returns = torch.tensor([e.total_reward for e in eps])  # [E]
         metrics: dict[str, float] = {}
         rewards = returns
         if merged is not None:
             with torch.no_grad(), visiting(teacher, device, device != CPU):
                 logp_m = sequence_logprobs(teacher, batch)
-            penalty = merged_kl_penalty(logp.detach(), logp_m, mask, gtr.kl_clamp).cpu()  # [N]
+            penalty = merged_kl_penalty(logp.detach(), logp_m, mask, gtr.kl_clamp, owner, len(eps)).cpu()  # [E]
             metrics["kl_merged"] = float(((logp.detach() - logp_m) * mask).sum() / mask.sum().clamp(min=1))
             metrics["kl_penalty"] = float(penalty.mean())
             if gtr.guidance == "kl":
                 rewards = returns - gtr.kl_coef * penalty
 
         # 4. group-relative advantages over the plays of a layout, on every token of the episode
-        adv = group_advantages(rewards.view(-1, G), scale_by_std=rl.algorithm == "grpo").flatten()  # [N]
-        adv_tokens = adv.to(device).unsqueeze(1) * mask  # [N, T-1]
+        adv = group_advantages(rewards.view(-1, G), scale_by_std=rl.algorithm == "grpo").flatten()  # [E]
+        adv_tokens = adv.to(device)[owner].unsqueeze(1) * mask  # [N, T-1]
 
         # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy); GTR-Turbo `sft`: CE on merged thoughts
         if ref is not None:

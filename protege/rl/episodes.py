@@ -6,6 +6,10 @@ next observation as a new turn of its own role. Every token knows its turn; only
 are in the loss mask (an observation or a tool's output is attended to, never trained on), and each turn's
 policy tokens are one span, so turn-level credit (GTPO) and thought/action masks (GTR-Turbo) can address them.
 
+With `context="current"` the policy sees only the current observation each turn (a Markov policy, as in
+RL4VLM / GTR on visual games): each turn is then a sequence of its own (`per_turn`), and the episode's
+rows are those sequences; everything downstream addresses rows and their owning episode.
+
 The environment side is a protocol: `reset(seed) -> Observation`, `step(text) -> StepResult` (the grid game
 in protege.world.envs, and tool environments, implement it). Episodes of different lengths share a batch:
 each round generates only for the episodes still running.
@@ -46,7 +50,7 @@ class Episode:
 
     @property
     def turns(self) -> int:
-        return len(self.spans)
+        return len(self.spans) if self.per_turn is None else len(self.per_turn)
 
     @property
     def total_reward(self) -> float:
@@ -57,9 +61,18 @@ class Episode:
         return any(i.get("success", False) for i in self.infos)
 
     image_token: int = -1                # the processor's image placeholder id
+    per_turn: list["Episode"] | None = None  # context "current": one single-turn sequence per turn
+
+    def rows(self) -> list[tuple[list[int], list[int], list[int], list]]:
+        """The episode's training sequences: (ids, loss mask, turn per token, per-image vision) each."""
+        if self.per_turn is None:
+            return [(self.ids, self.loss_mask, self.turn_of, self.vision)]
+        return [(t.ids, t.loss_mask, [j] * len(t.ids), t.vision) for j, t in enumerate(self.per_turn)]
 
     def prefix(self, turn: int) -> tuple[list[int], list, list[Image.Image]]:
         """`turn`'s context: the tokens before its policy output, with the vision inputs and images they hold."""
+        if self.per_turn is not None:
+            return self.per_turn[turn].prefix(0)
         ids = self.ids[:self.spans[turn][0]]
         n = sum(1 for _ in _image_runs(ids, self.image_token))
         return ids, self.vision[:n], self.images[:n]
@@ -77,10 +90,9 @@ def _image_runs(ids: list[int], image_token: int):
 def observation_text(processor: StudentProcessor, text: str, n_images: int, role: str = "user",
                      first: bool = False) -> str:
     """One observation turn in the chat template's layout, ending with the assistant's header. The first
-    one is the template's own prompt; a later one continues after the previous end-of-turn token."""
+    one is the template's own prompt (always the user's: under context "current" a tool's output opens a
+    sequence as its prompt); a later one continues after the previous end-of-turn token."""
     if first:
-        if role != "user":
-            raise ValueError(f"the first turn of an episode is the user's, not {role!r}")
         return processor.prompt(text, n_images)
     images = f"{VISION_START}{IMAGE_PAD}{VISION_END}" * n_images
     return f"\n{IM_START}{role}\n{images}{text}{EOS}\n{IM_START}assistant\n"
@@ -156,30 +168,48 @@ def _with_vision(processor: StudentProcessor, batch: dict, vision: Sequence[list
     return batch
 
 
+CONTEXTS = ("full", "current")
+
+
 def play(policy, processor: StudentProcessor, envs: Sequence[Env], seeds: Sequence[int], sampling: Sampling,
          max_tokens: int = 1024, device: torch.device | None = None,
-         on_turn: Callable[[int, int], None] | None = None) -> list[Episode]:
+         on_turn: Callable[[int, int], None] | None = None, context: str = "full") -> list[Episode]:
     """Plays one episode per (env, seed), all at once: each round, every running episode gets one policy
-    turn (one batched generation), then its environment's answer. `max_tokens` bounds an episode's length
-    (the model's context): an episode that would pass it ends, marked `truncated`.
+    turn (one batched generation), then its environment's answer. `context`: `full` (the whole conversation
+    so far) or `current` (only the current observation). `max_tokens` bounds an episode's length (the
+    model's context): an episode that would pass it ends, marked `truncated`.
     `policy` may be a transformers model or a generation engine (see generation.complete)."""
+    if context not in CONTEXTS:
+        raise ValueError(f"unknown episode context {context!r}; expected one of {CONTEXTS}")
     tok = processor.tokenizer
     eps = [start_episode(processor, env.reset(seed)) for env, seed in zip(envs, seeds)]
+    current = {}  # context "current": the running episodes' current turn, a sequence of its own
+    if context == "current":
+        for i, ep in enumerate(eps):
+            current[i], eps[i] = ep, Episode(ids=[], loss_mask=[], turn_of=[], per_turn=[],
+                                             image_token=processor.image_token_id)
     rnd = 0
     while running := [i for i, e in enumerate(eps) if not e.done]:
-        batch = prompt_batch(processor, [(eps[i].ids, eps[i].vision) for i in running])
+        seqs = [current.get(i, eps[i]) for i in running]
+        batch = prompt_batch(processor, [(s.ids, s.vision) for s in seqs])
         if device is not None:
             batch = {k: v.to(device) for k, v in batch.items()}
-        out = complete(policy, processor, batch, [eps[i].images for i in running], sampling)
+        out = complete(policy, processor, batch, [s.images for s in seqs], sampling)
         for k, i in enumerate(running):
-            ep = eps[i]
+            ep, seq = eps[i], seqs[k]
             ids = out.sequences[k, out.prompt_len:][out.completion_mask[k].bool()].tolist()
-            add_policy_turn(ep, ids, out.texts[k], tok.eos_token_id)
+            add_policy_turn(seq, ids, out.texts[k], tok.eos_token_id)
+            if seq is not ep:
+                ep.per_turn.append(seq)
+                ep.texts.append(out.texts[k])
             res = envs[i].step(out.texts[k])
             ep.rewards.append(float(res.reward))
             ep.infos.append(dict(res.info))
             if res.done:
                 ep.done = True
+                continue
+            if seq is not ep:
+                current[i] = start_episode(processor, res.observation)
                 continue
             add_observation(processor, ep, res.observation)
             if len(ep.ids) + sampling.max_new_tokens + 1 > max_tokens:
@@ -196,6 +226,7 @@ class EpisodeBatch:
     inputs: dict[str, torch.Tensor]     # input_ids / attention_mask [N, T] (+ vision)
     loss_mask: torch.Tensor             # [N, T - 1] 1 where the target token is the policy's own
     turn: torch.Tensor                  # [N, T - 1] the target token's turn (-1 on padding)
+    owner: torch.Tensor | None = None   # [N] the episode each row belongs to (pack_episodes)
 
     @property
     def n(self) -> int:
@@ -221,7 +252,18 @@ def pack(processor: StudentProcessor, seqs: Sequence[tuple[list[int], list[int],
 
 
 def pack_episodes(processor: StudentProcessor, eps: Sequence[Episode]) -> EpisodeBatch:
-    return pack(processor, [(e.ids, e.loss_mask, e.turn_of, e.vision) for e in eps])
+    """Every row of every episode (one per episode, or one per turn under context "current")."""
+    rows = [(r, i) for i, e in enumerate(eps) for r in e.rows()]
+    batch = pack(processor, [r for r, _ in rows])
+    batch.owner = torch.tensor([i for _, i in rows])
+    return batch
+
+
+def per_episode(row_sums: torch.Tensor, row_counts: torch.Tensor, owner: torch.Tensor, n: int) -> torch.Tensor:
+    """Token-weighted means per episode from per-row sums and token counts: [N], [N], [N] -> [n]."""
+    num = torch.zeros(n, dtype=row_sums.dtype, device=row_sums.device).index_add_(0, owner, row_sums)
+    den = torch.zeros(n, dtype=row_sums.dtype, device=row_sums.device).index_add_(0, owner, row_counts)
+    return num / den.clamp(min=1)
 
 
 def sequence_logprobs(model, batch: EpisodeBatch, with_entropy: bool = False):
@@ -239,4 +281,4 @@ def sequence_logprobs(model, batch: EpisodeBatch, with_entropy: bool = False):
 
 def batch_to(batch: EpisodeBatch, device: torch.device) -> EpisodeBatch:
     return EpisodeBatch({k: v.to(device) for k, v in batch.inputs.items()}, batch.loss_mask.to(device),
-                        batch.turn.to(device))
+                        batch.turn.to(device), None if batch.owner is None else batch.owner.to(device))

@@ -65,14 +65,22 @@ def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tens
 
 
 def merged_kl_penalty(logp: torch.Tensor, logp_merged: torch.Tensor, mask: torch.Tensor,
-                      clamp_max: float = 10.0) -> torch.Tensor:
-    """GTR-Turbo's KL guidance, per sequence: the mean over its own tokens of clamp(log pi - log pi_M, 0, max).
+                      clamp_max: float = 10.0, owner: torch.Tensor | None = None,
+                      episodes: int | None = None) -> torch.Tensor:
+    """GTR-Turbo's KL guidance, per episode: the mean over its own tokens of clamp(log pi - log pi_M, 0, max).
 
-    logp, logp_merged, mask: [N, L] (the policy's sampled tokens) -> [N]; subtracted from the reward with a
-    coefficient. The clamp keeps the penalty one-sided and bounded: tokens the teacher likes more cost nothing.
+    logp, logp_merged, mask: [N, L] (the policy's sampled tokens) -> [N], one per row; with `owner` [N]
+    (the episode of each row, when an episode spans several rows) -> [episodes], the mean over all the
+    episode's tokens. Subtracted from the reward with a coefficient. The clamp keeps the penalty one-sided
+    and bounded: tokens the teacher likes more cost nothing.
     """
-    d = torch.clamp(logp - logp_merged, min=0.0, max=clamp_max)  # [N, L]
-    return (d * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    d = torch.clamp(logp - logp_merged, min=0.0, max=clamp_max) * mask  # [N, L]
+    sums, counts = d.sum(dim=1), mask.sum(dim=1)  # [N]
+    if owner is not None:
+        n = episodes if episodes is not None else int(owner.max()) + 1
+        sums = torch.zeros(n, dtype=d.dtype, device=d.device).index_add_(0, owner, sums)
+        counts = torch.zeros(n, dtype=d.dtype, device=d.device).index_add_(0, owner, counts)
+    return sums / counts.clamp(min=1)
 
 
 def thought_sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

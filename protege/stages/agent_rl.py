@@ -46,7 +46,7 @@ def train(cfg: Config, root: Path, run) -> dict:
     start = _eval("start", policy, processor, cfg, run)
     g = a.rl.gtr
     say("agent_rl", f"{a.rl.algorithm}: {a.rl.steps} steps x {a.rl.seeds_per_step} layouts x {a.rl.group_size} plays"
-                    + (f", GTR-Turbo {g.guidance} guidance from a {g.merge} merge" if g.guidance != "none" else "")
+                    + (f", GTR-Turbo {g.guidance} guidance from the {g.merge} merge of its checkpoints" if g.guidance != "none" else "")
                     + (f"; resuming after step {resumed}" if resumed else ""))
     history: list[dict] = []
     log_step = step_logger("agent_rl", run, every_print=max(1, a.rl.steps // 10))

@@ -24,9 +24,14 @@ def grid_params(cfg: AgentConfig, image_size: int) -> GridParams:
     return GridParams(image_size=image_size, **cfg.grid.model_dump())
 
 
-def expert_as_episode(processor: StudentProcessor, turns) -> Episode:
-    """(observation, solver text) per turn -> the episode as the policy would have played it."""
+def expert_as_episode(processor: StudentProcessor, turns, context: str = "full") -> Episode:
+    """(observation, solver text) per turn -> the episode as the policy would have played it (`context`
+    as in protege.rl.episodes.play)."""
     tok = processor.tokenizer
+    if context == "current":
+        parts = [expert_as_episode(processor, [turn]) for turn in turns]
+        return Episode(ids=[], loss_mask=[], turn_of=[], per_turn=parts, texts=[t for _, t in turns],
+                       image_token=processor.image_token_id)
     ep = start_episode(processor, turns[0][0])
     for j, (obs, text) in enumerate(turns):
         if j:
@@ -41,7 +46,8 @@ def train_agent_sft(model, processor: StudentProcessor, cfg: AgentConfig, image_
     """Trains `model` in place on `cfg.sft.episodes` expert episodes (train seeds 0..episodes-1)."""
     sft = cfg.sft
     params = grid_params(cfg, image_size)
-    episodes = [expert_as_episode(processor, expert_episode(params, train_seed(i))) for i in range(sft.episodes)]
+    episodes = [expert_as_episode(processor, expert_episode(params, train_seed(i)), cfg.context)
+                for i in range(sft.episodes)]
     rng = random.Random(seed)
     torch.manual_seed(seed)
     device = resolve_device(device_name, "agent.sft.device")

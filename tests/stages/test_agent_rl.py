@@ -16,8 +16,9 @@ from protege.train.agent_sft import expert_as_episode, grid_params, train_agent_
 from protege.world.envs import expert_episode, make_env, train_seed
 
 
-def tiny_cfg(**gtr):
+def tiny_cfg(context="full", **gtr):
     return AgentConfig.model_validate({
+        "context": context,
         "grid": {"max_turns": 2},
         "sft": {"episodes": 8, "steps": 2, "batch_size": 4},
         "rl": {"steps": 3, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6, "save_every": 1,
@@ -48,13 +49,14 @@ def weights(path):
     return load_file(str(path / "model.safetensors"))
 
 
-def test_merged_teacher_is_the_average_of_every_checkpoint(tiny_student, tiny_processor, tmp_path):
+@pytest.mark.parametrize("context", ["full", "current"])
+def test_merged_teacher_is_the_average_of_every_checkpoint(tiny_student, tiny_processor, tmp_path, context):
     from protege.models.student import save_student
 
     save_student(tiny_student, tiny_processor, tmp_path / "init")
     init = weights(tmp_path / "init")
     logs = []
-    saved = run_agent_rl(tiny_student, tiny_processor, tiny_cfg(), 64, tmp_path / "out", seed=0,
+    saved = run_agent_rl(tiny_student, tiny_processor, tiny_cfg(context), 64, tmp_path / "out", seed=0,
                          on_log=lambda s, m: logs.append(m), new_env=VarietyEnv)
     assert [p.name for p in saved] == ["step-00001", "step-00002", "step-00003"]
     ckpts = [weights(p) for p in saved]
@@ -123,11 +125,14 @@ def test_merged_thoughts_train_on_the_thought_only(tiny_student, tiny_processor)
 
 
 def test_expert_episodes_and_warm_start(tiny_student, tiny_processor):
-    cfg = tiny_cfg()
+    cfg = tiny_cfg("current")
     turns = expert_episode(grid_params(cfg, 64), train_seed(5))
     ep = expert_as_episode(tiny_processor, turns)
     tok = tiny_processor.tokenizer
     assert [tok.decode(ep.ids[a:b - 1]) for a, b in ep.spans] == [t for _, t in turns]
+    current = expert_as_episode(tiny_processor, turns, "current")
+    assert [tok.decode(t.ids[a:b - 1]) for t in current.per_turn for a, b in t.spans] == [t for _, t in turns]
+    assert len(current.rows()) == len(turns)
     before = copy.deepcopy(tiny_student.state_dict())
     out = train_agent_sft(tiny_student, tiny_processor, cfg, 64, seed=0)
     assert out["episodes"] == 8 and out["loss"] > 0

@@ -2,6 +2,7 @@
 and a training view of the episodes that scores exactly the tokens the policy generated."""
 from dataclasses import dataclass
 
+import pytest
 import torch
 from PIL import Image
 
@@ -98,3 +99,21 @@ def test_length_limit_truncates(tiny_student, tiny_processor):
     greedy = Sampling(do_sample=False, max_new_tokens=4)
     eps = play(tiny_student, tiny_processor, [CountdownEnv()], [50], greedy, max_tokens=60)
     assert eps[0].truncated and eps[0].done and eps[0].turns < 50
+
+
+def test_current_context_makes_one_row_per_turn(tiny_student, tiny_processor):
+    """context "current": each turn's prompt is its observation alone; rows carry their episode."""
+    greedy = Sampling(do_sample=False, max_new_tokens=4)
+    eps = play(tiny_student, tiny_processor, [CountdownEnv(), CountdownEnv()], [1, 3], greedy, context="current")
+    assert [e.turns for e in eps] == [1, 3] and [len(e.texts) for e in eps] == [1, 3]
+    tok = tiny_processor.tokenizer
+    for e in eps:
+        for j, turn in enumerate(e.per_turn):
+            assert tok.decode(turn.ids).count("<|im_start|>") == 2  # one user (or tool) turn, one assistant turn
+            ids, vision, images = e.prefix(j)
+            assert ids == turn.ids[:turn.spans[0][0]] and len(vision) == len(images) <= 1
+    batch = pack_episodes(tiny_processor, eps)
+    assert batch.owner.tolist() == [0, 1, 1, 1] and batch.n == 4
+    assert int(batch.loss_mask.sum()) == sum(sum(t.loss_mask) for e in eps for t in e.per_turn)
+    with pytest.raises(ValueError, match="expected one of"):
+        play(tiny_student, tiny_processor, [CountdownEnv()], [1], greedy, context="half")

@@ -110,8 +110,9 @@ def test_reward_sequence_of_a_hand_written_episode():
         assert r.info == {"legal": legal, "parsed": text.startswith("Action"),
                           "action": parse_action(text), "success": False, "turn": i}
         texts.append(r.observation.text)
-    assert texts[:4] == ["Turn 2 of 8. Your last move was blocked.", "Turn 3 of 8. Your last move was blocked.",
-                         "Turn 4 of 8. Your last answer had no valid action.", "Turn 5 of 8."]
+    assert texts[:4] == [f"Turn 2 of 8. Your last move was blocked. {INSTRUCTION}",
+                         f"Turn 3 of 8. Your last move was blocked. {INSTRUCTION}",
+                         f"Turn 4 of 8. Your last answer had no valid action. {INSTRUCTION}", f"Turn 5 of 8. {INSTRUCTION}"]
     r = env.step("I see it. Action: down")
     assert r.reward == pytest.approx(1.05) and r.done and r.observation is None
     assert r.info["success"] and env.success and env.done and env.turn == 7

@@ -100,6 +100,15 @@ def test_kl_penalty_is_clamped_and_averaged_over_own_tokens():
     assert torch.allclose(out, torch.tensor([11 / 3, 0.75]))
 
 
+def test_kl_penalty_per_episode_spans_its_rows():
+    logp = torch.tensor([[-1.0, -2.0], [-3.0, -1.0], [-1.0, -1.0]])
+    logp_m = torch.tensor([[-2.0, -1.0], [-4.0, -3.0], [-1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    # episode 0 = rows 0 and 1: d = [1, 0] and [1, (2 masked)] -> 2 / 3; episode 1 = row 2: 0
+    out = merged_kl_penalty(logp, logp_m, mask, owner=torch.tensor([0, 0, 1]), episodes=2)
+    assert torch.allclose(out, torch.tensor([2 / 3, 0.0]))
+
+
 def test_thought_sft_loss_ignores_action_tokens():
     logp = torch.tensor([[-1.0, -3.0, -100.0], [-2.0, -100.0, -100.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])

@@ -234,8 +234,9 @@ def parse_action(text: str) -> str | None:
 
 
 def observation_text(turn: int, max_turns: int, last: str | None = None) -> str:
-    """The text shown before move `turn + 1`: the task on the first turn, then the turn count and
-    what went wrong last turn (`last`: "blocked", "unparsed" or None)."""
+    """The text shown before move `turn + 1`: the task on the first turn, then the turn count, what went
+    wrong last turn (`last`: "blocked", "unparsed" or None) and the task again (a policy that sees only the
+    current observation still reads the rules)."""
     if turn == 0:
         return INSTRUCTION
     text = f"Turn {turn + 1} of {max_turns}."
@@ -243,7 +244,7 @@ def observation_text(turn: int, max_turns: int, last: str | None = None) -> str:
         text += " " + BLOCKED
     elif last == "unparsed":
         text += " " + UNPARSED
-    return text
+    return text + " " + INSTRUCTION
 
 
 class GridEnv:
