@@ -382,8 +382,8 @@ class GridEnvConfig(Section):
 
 class AgentSFTConfig(Section):
     """Warm start on the scripted solver's episodes (train seeds)."""
-    episodes: int = Field(2000, ge=1, le=10_000_000)
-    steps: int = Field(300, ge=1, le=10_000_000)
+    episodes: int = Field(1500, ge=1, le=10_000_000)
+    steps: int = Field(800, ge=1, le=10_000_000)
     batch_size: int = Field(16, ge=1, le=1_000_000)
     lr: float = Field(2e-3, gt=0, le=10)
     log_every: int = Field(25, ge=1, le=10_000_000)

@@ -88,7 +88,7 @@ def test_agent_study_reports_start_and_end_with_cis(project, monkeypatch):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"variants": {"plain": {"agent.sft.steps": 5}}}, "variants.plain.sft.steps is not allowed: an agent study shares"),
+    ({"variants": {"plain": {"agent.sft.steps": 5}}}, "variants.plain.agent.sft.steps is not allowed: an agent study shares"),
     ({"variants": {"plain": {"rl.lr": 0.1}}}, "variants.plain.rl.lr is not allowed: an agent study shares"),
     ({"claims": [{"better": "gtr_kl", "than": "plain", "metric": "world_test"}]}, "not an agent study's metric"),
     ({"variants": {"warm_start": {"train": False, "agent.rl.lr": 0.1}}}, "has no effect"),
