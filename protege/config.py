@@ -383,8 +383,8 @@ class GridEnvConfig(Section):
 class AgentSFTConfig(Section):
     """Warm start on the scripted solver's episodes (train seeds)."""
     episodes: int = Field(1500, ge=1, le=10_000_000)
-    steps: int = Field(800, ge=1, le=10_000_000)
-    batch_size: int = Field(16, ge=1, le=1_000_000)
+    steps: int = Field(1200, ge=1, le=10_000_000)
+    batch_size: int = Field(32, ge=1, le=1_000_000)   # rows: turns under context "current", else episodes
     lr: float = Field(2e-3, gt=0, le=10)
     log_every: int = Field(25, ge=1, le=10_000_000)
 
@@ -397,7 +397,7 @@ class GTRConfig(Section):
     ties_density: float = Field(0.8, gt=0, le=1)
     sft_coef: float = Field(0.1, ge=0, le=1000)      # weight of the CE on the merged model's thoughts
     sft_contexts: int = Field(16, ge=1, le=1_000_000)  # observations per step the merged model writes thoughts for
-    kl_coef: float = Field(0.1, ge=0, le=1000)       # reward -= kl_coef * mean clamp(log pi - log pi_merged, 0, 10)
+    kl_coef: float = Field(1.0, ge=0, le=1000)       # reward -= kl_coef * mean clamp(log pi - log pi_merged, 0, 10)
     kl_clamp: float = Field(10.0, gt=0, le=1000)
 
 

@@ -13,7 +13,8 @@ import torch
 
 from protege.config import AgentConfig
 from protege.models.processor import StudentProcessor
-from protege.rl.episodes import Episode, add_observation, add_policy_turn, batch_to, pack_episodes, sequence_logprobs, start_episode
+from protege.rl.episodes import (Episode, add_observation, add_policy_turn, batch_to, pack, sequence_logprobs,
+                                 start_episode)
 from protege.rl.losses import thought_sft_loss
 from protege.train.runtime.placement import resolve_device
 from protege.train.runtime.updaters import make_updater
@@ -43,7 +44,8 @@ def expert_as_episode(processor: StudentProcessor, turns, context: str = "full")
 
 def train_agent_sft(model, processor: StudentProcessor, cfg: AgentConfig, image_size: int, seed: int,
                     device_name: str = "auto", on_log: Callable[[int, dict], None] | None = None) -> dict:
-    """Trains `model` in place on `cfg.sft.episodes` expert episodes (train seeds 0..episodes-1)."""
+    """Trains `model` in place on `cfg.sft.episodes` expert episodes (train seeds 0..episodes-1), in batches
+    of `batch_size` rows: single turns under context "current" (i.i.d. across layouts), else whole episodes."""
     sft = cfg.sft
     params = grid_params(cfg, image_size)
     episodes = [expert_as_episode(processor, expert_episode(params, train_seed(i)), cfg.context)
@@ -54,15 +56,16 @@ def train_agent_sft(model, processor: StudentProcessor, cfg: AgentConfig, image_
     model.to(device).train()
     updater = make_updater("torch", model, [p for p in model.parameters() if p.requires_grad], sft.lr, 2, device,
                            key="agent.sft")
+    rows = [row for e in episodes for row in e.rows()]  # a turn each under context "current", else an episode
     order: list[int] = []
     t0, last = time.perf_counter(), {}
     for step in range(1, sft.steps + 1):
-        if len(order) < sft.batch_size:
-            fresh = list(range(len(episodes)))
+        if len(order) < sft.batch_size:  # epoch-wise shuffle: every row once per epoch
+            fresh = list(range(len(rows)))
             rng.shuffle(fresh)
             order += fresh
         idx, order = order[:sft.batch_size], order[sft.batch_size:]
-        batch = batch_to(pack_episodes(processor, [episodes[i] for i in idx]), device)
+        batch = batch_to(pack(processor, [rows[i] for i in idx]), device)
         loss = thought_sft_loss(sequence_logprobs(model, batch), batch.loss_mask.float())  # CE on the solver's turns
         updater.update(loss)
         last = {"loss": float(loss.detach()), "seconds": time.perf_counter() - t0}
