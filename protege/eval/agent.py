@@ -44,3 +44,23 @@ def evaluate_agent(model, processor, cfg: AgentConfig, image_size: int, episodes
             "format_error_rate": sum(r["format_errors"] for r in rows) / max(turns, 1),
             "turns_per_episode": turns / len(rows), "entropy": sum(r["entropy"] for r in rows) / len(rows),
             "per_episode": rows}
+
+
+def summary_markdown(summary: dict) -> str:
+    """The agent_rl stage's reports/agent/summary.json as a short table."""
+    lines = ["| agent game (held-out layouts) | success % [95% CI] | format errors % of turns | entropy |",
+             "|---|---|---|---|"]
+    for key, label in (("start", "warm start"), ("end", "last RL checkpoint"), ("merged_teacher", "merged teacher")):
+        r = summary.get(key)
+        if r:
+            lines.append(f"| {label} | {100 * r['success_rate']:.1f} [{100 * r['success_ci'][0]:.1f}, "
+                         f"{100 * r['success_ci'][1]:.1f}] | {100 * r['format_error_rate']:.1f} | {r['entropy']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # `python -m protege.eval.agent reports/agent/summary.json` (make demo prints it)
+    import json
+    import sys
+    from pathlib import Path
+
+    print(summary_markdown(json.loads(Path(sys.argv[1]).read_text())), end="")

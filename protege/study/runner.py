@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -250,6 +251,21 @@ def cleanup(study: Study, folder: Path) -> None:
                 shutil.rmtree(folder / rel)
 
 
+@contextmanager
+def child_run(study: Study, planned: Planned, parent_run_id: str | None):
+    """The run's nested MLflow run under the study's parent (the same one again when a killed run resumes),
+    with its variant, seed and overrides as params."""
+    run, folder = planned.run, planned.folder
+    previous = (folder / MLFLOW_RUN).read_text().strip() if (folder / MLFLOW_RUN).exists() else None
+    tags = {tracking.STUDY_TAG: study.name, "protege.variant": run.variant, "protege.seed": str(run.seed),
+            "protege.stage": "study-run"}
+    with tracking.study_child_run(study.project, parent_run_id, run.key, tags, run_id=previous,
+                                  log_models=study.keep_checkpoints, root=folder) as mlrun:
+        (folder / MLFLOW_RUN).write_text(mlrun.run_id + "\n")
+        mlrun.log_params({"variant": run.variant, "seed": run.seed, "train": run.train, **run.overrides})
+        yield mlrun
+
+
 def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
     """Runs one (variant, seed) in this process: RL + merge (unless `train: false`), evaluation, result.json.
     Returns the result's path; a finished run is skipped."""
@@ -264,15 +280,9 @@ def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
     prepare_folder(study, planned)
     if study.task == "agent":
         return execute_agent(study, planned, parent_run_id)
-    previous = (folder / MLFLOW_RUN).read_text().strip() if (folder / MLFLOW_RUN).exists() else None
     cfg = run.config
-    tags = {tracking.STUDY_TAG: study.name, "protege.variant": run.variant, "protege.seed": str(run.seed),
-            "protege.stage": "study-run"}
     t0 = time.perf_counter()
-    with tracking.study_child_run(study.project, parent_run_id, run.key, tags, run_id=previous,
-                                  log_models=study.keep_checkpoints, root=folder) as mlrun:
-        (folder / MLFLOW_RUN).write_text(mlrun.run_id + "\n")
-        mlrun.log_params({"variant": run.variant, "seed": run.seed, "train": run.train, **run.overrides})
+    with child_run(study, planned, parent_run_id) as mlrun:
         if run.train:
             say(f"{run.key}: training ({'resuming' if (folder / RL_CHECKPOINTS).exists() else 'fresh'}) in {folder}")
             rl_stage.run(cfg, folder, mlrun)
@@ -309,14 +319,8 @@ def execute_agent(study: Study, planned: Planned, parent_run_id: str | None) -> 
     from protege.stages import agent_rl
 
     run, folder, cfg = planned.run, planned.folder, planned.run.config
-    previous = (folder / MLFLOW_RUN).read_text().strip() if (folder / MLFLOW_RUN).exists() else None
-    tags = {tracking.STUDY_TAG: study.name, "protege.variant": run.variant, "protege.seed": str(run.seed),
-            "protege.stage": "study-run"}
     t0 = time.perf_counter()
-    with tracking.study_child_run(study.project, parent_run_id, run.key, tags, run_id=previous,
-                                  log_models=study.keep_checkpoints, root=folder) as mlrun:
-        (folder / MLFLOW_RUN).write_text(mlrun.run_id + "\n")
-        mlrun.log_params({"variant": run.variant, "seed": run.seed, "train": run.train, **run.overrides})
+    with child_run(study, planned, parent_run_id) as mlrun:
         if run.train:
             say(f"{run.key}: agent RL ({'resuming' if (folder / AGENT_RL).exists() else 'fresh'}) in {folder}")
             summary = agent_rl.train(cfg, folder, mlrun)

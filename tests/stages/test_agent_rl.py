@@ -137,3 +137,12 @@ def test_expert_episodes_and_warm_start(tiny_student, tiny_processor):
     out = train_agent_sft(tiny_student, tiny_processor, cfg, 64, seed=0)
     assert out["episodes"] == 8 and out["loss"] > 0
     assert any(not torch.equal(before[k], v) for k, v in tiny_student.state_dict().items())
+
+
+def test_summary_table_for_the_demo():
+    from protege.eval.agent import summary_markdown
+
+    r = {"success_rate": 0.5, "success_ci": [0.4, 0.6], "format_error_rate": 0.25, "entropy": 0.0812}
+    md = summary_markdown({"start": r, "end": {**r, "success_rate": 0.625}})
+    assert "| warm start | 50.0 [40.0, 60.0] | 25.0 | 0.081 |" in md and "| last RL checkpoint | 62.5" in md
+    assert "merged teacher" not in md
