@@ -259,7 +259,7 @@ def test_more_steps_continue_a_finished_run(tiny_student, tiny_processor, rows, 
 
 
 def test_changed_params_keep_the_old_checkpoints_until_the_new_run_has_a_state(tmp_path):
-    from protege.stages.rl import STATE, drop_previous, prepare_out_dir, previous_dir
+    from protege.train.runtime.run_folder import STATE, drop_previous, prepare_out_dir, previous_dir
 
     out = tmp_path / "rl"
     (out / "step-00040").mkdir(parents=True)
