@@ -32,6 +32,7 @@ from protege.rl.trainable import select_trainable
 from protege.train.runtime.placement import CPU, resolve_device, visiting
 from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fingerprint, read_state, recover_state,
                                          restore_state, save_state)
+from protege.train.runtime.run_folder import resumable
 from protege.train.runtime.updaters import make_updater
 from protege.world.envs import EVAL_SEED_OFFSET, action_start, make_env, train_seed
 
@@ -118,7 +119,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: AgentConfig, image_si
     if state_dir is not None:
         recover_state(state_dir)
         meta = read_state(state_dir)
-        if meta is not None and meta["fingerprint"] == fp and meta["step"] <= rl.steps:
+        if resumable(meta, fp, rl.steps):
             restore_state(state_dir, meta, parts=parts, py_rng=rng)
             start, saved = meta["step"] + 1, checkpoints(out_dir)
             if merged is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from protege.config import Config
+from protege.config import Config, ConfigError, read_yaml_file
 from protege.errors import UserFacingError
 from protege.merging.config import parse_config
 from protege.merging.methods import METHODS
@@ -21,12 +21,13 @@ def merge_spec(cfg: Config, root: Path, found: list[Path]) -> tuple[dict, str]:
     """The mergekit-style document for this run's checkpoints, and where its settings came from."""
     m = cfg.merge
     if m.config is not None:
-        import yaml
-
         path = root / m.config
         if not path.is_file():
             raise UserFacingError(f"params.yaml: merge.config: {m.config} is not a file in the project")
-        doc = yaml.safe_load(path.read_text())
+        try:  # the project's YAML reader: a syntax error or a key given twice names the file and line
+            doc, _ = read_yaml_file(path, "merge config")
+        except ConfigError as exc:
+            raise UserFacingError(str(exc)) from None
         if not isinstance(doc, dict) or "merge_method" not in doc:
             raise UserFacingError(f"{m.config}: expected a mergekit YAML mapping with merge_method")
         method = doc["merge_method"]

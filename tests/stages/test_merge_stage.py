@@ -74,6 +74,9 @@ def test_bad_settings(project):
     (project / "bad.yaml").write_text("merge_method: frankenmerge\n")
     with pytest.raises(MergeConfigError, match="frankenmerge"):
         run_merge(project, config="bad.yaml")
+    (project / "twice.yaml").write_text("merge_method: ties\nmerge_method: linear\n")
+    with pytest.raises(UserFacingError, match="twice.yaml:2"):  # a key given twice names the file and line
+        run_merge(project, config="twice.yaml")
     with pytest.raises(UserFacingError, match="merge.config: missing.yaml is not a file"):
         run_merge(project, config="missing.yaml")
     with pytest.raises(ValueError, match="relative to the project"):
