@@ -18,6 +18,8 @@ data_app = typer.Typer(no_args_is_help=True, help="Import and validate datasets.
 app.add_typer(data_app, name="data")
 eval_app = typer.Typer(no_args_is_help=True, help="Score, run and compare benchmark evaluations.")
 app.add_typer(eval_app, name="eval")
+sandbox_app = typer.Typer(no_args_is_help=True, help="Run Python the way the RL trainer runs model-written code.")
+app.add_typer(sandbox_app, name="sandbox")
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -338,6 +340,30 @@ def merge(config: Path = typer.Argument(..., help="a mergekit-style merge YAML (
     except UserFacingError as exc:
         _fail(str(exc), code=1)
     typer.echo(f"merged -> {out}")
+
+
+@sandbox_app.command("run")
+def sandbox_run(file: Path = typer.Argument(..., help="a Python file to run"),
+                timeout_s: float = typer.Option(5.0, "--timeout-s", help="wall-clock limit, seconds"),
+                cpu_s: int = typer.Option(5, "--cpu-s", help="CPU time limit, seconds"),
+                memory_mb: int = typer.Option(512, "--memory-mb", help="address-space limit, MB"),
+                nproc: int = typer.Option(16, "--nproc", help="processes + threads the program may have"),
+                output_bytes: int = typer.Option(4096, "--output-bytes", help="stdout and stderr kept, each"),
+                unsafe: bool = typer.Option(False, "--unsafe", help="no isolation (rlimits, clean env and a temp "
+                                                                    "dir only): never for untrusted code")) -> None:
+    """Run FILE in the sandbox and print the outcome as JSON (stdout, stderr, exit_code, limit, ms,
+    isolation); exits 0 whenever the file ran, even if the program failed."""
+    from protege.tools.sandbox import Limits, Sandbox, SandboxUnavailable
+
+    if not file.is_file():
+        _fail(f"{file}: no such file")
+    try:
+        limits = Limits(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, nproc=nproc,
+                        output_bytes=output_bytes)
+        outcome = Sandbox(limits, unsafe=unsafe).run_file(file)
+    except (ValueError, SandboxUnavailable, OSError) as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(outcome.to_json(), indent=2))
 
 
 def main() -> None:

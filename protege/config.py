@@ -401,8 +401,19 @@ class GTRConfig(Section):
     kl_clamp: float = Field(10.0, gt=0, le=1000)
 
 
+class GTPOConfig(Section):
+    """GTPO (arXiv 2511.14846): turn-level discounted returns and code-similarity shaping of failed episodes."""
+    gamma: float = Field(0.9, ge=0, le=1)             # R_ij = sum_{m>=j} gamma^(m-j) r_im
+    # which returns a turn's is normalised against: the group's (all turns), the batch's, or the group's at
+    # the same turn index
+    scope: Literal["group", "batch", "turn"] = "group"
+    shaping_alpha: float = Field(0.5, ge=0, le=100)   # failed episode's final reward += alpha * mean cos to successes
+    embedder: str | None = None                       # a local sentence-embedding model folder; null: hashing vectoriser
+
+
 class AgentRLConfig(SamplingConfig):
-    algorithm: Literal["grpo", "dr_grpo"] = "grpo"
+    # grpo | dr_grpo: one advantage per episode on all its tokens; gtpo: one per turn, from discounted returns
+    algorithm: Literal["grpo", "dr_grpo", "gtpo"] = "grpo"
     steps: int = Field(30, ge=1, le=10_000_000)
     seeds_per_step: int = Field(4, ge=1, le=1_000_000)   # layouts per step; each is played group_size times
     group_size: int = Field(4, ge=2, le=1024)
@@ -414,6 +425,7 @@ class AgentRLConfig(SamplingConfig):
     max_new_tokens: int = Field(48, ge=1, le=1_000_000)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     gtr: GTRConfig = GTRConfig()
+    gtpo: GTPOConfig = GTPOConfig()
 
 
 class AgentConfig(Section):
@@ -426,6 +438,42 @@ class AgentConfig(Section):
     sft: AgentSFTConfig = AgentSFTConfig()
     rl: AgentRLConfig = AgentRLConfig()
     eval_episodes: int = Field(200, ge=1, le=1_000_000)  # held-out seeds for the success rate
+    eval_batch: int = Field(64, ge=1, le=1_000_000)
+
+
+class ToolTaskConfig(Section):
+    """The tool-use environment (protege/world/envs/tool.py): questions about an image that need exact
+    computation, answered with python tool calls and a final \\boxed{} answer."""
+    kinds: list[Literal["arithmetic", "chart", "count"]] = Field(default_factory=lambda: ["arithmetic", "chart", "count"],
+                                                                min_length=1)
+    max_tool_calls: int = Field(2, ge=0, le=100)
+    correct_reward: float = Field(1.0, ge=-1000, le=1000)
+    format_penalty: float = Field(-0.5, ge=-1000, le=1000)       # a turn with neither code nor a boxed answer
+    tool_error_penalty: float = Field(-0.2, ge=-1000, le=1000)   # on the turn whose code failed
+    tool_output_chars: int = Field(200, ge=1, le=1_000_000)      # tool output the model reads back
+
+
+class SandboxConfig(Section):
+    """Limits of one execution of model-written code (protege/tools/sandbox.py)."""
+    timeout_s: float = Field(5.0, gt=0, le=3600)
+    cpu_s: int = Field(5, ge=1, le=3600)
+    memory_mb: int = Field(512, ge=32, le=1_000_000)
+    nproc: int = Field(16, ge=1, le=100_000)
+    output_bytes: int = Field(4096, ge=1, le=100_000_000)
+    # true runs model code WITHOUT isolation (rlimits and a temp dir only) where bubblewrap is missing
+    unsafe: bool = False
+
+
+class ToolConfig(Section):
+    """Multi-turn tool-integrated reasoning (GTPO) on the tool environment: tool_sft -> tool_rl."""
+    env: Literal["tool"] = "tool"
+    # the whole conversation: a tool turn has no image and no question, so a Markov policy would lose the task
+    context: Literal["full"] = "full"
+    task: ToolTaskConfig = ToolTaskConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    sft: AgentSFTConfig = AgentSFTConfig()
+    rl: AgentRLConfig = AgentRLConfig(algorithm="gtpo", max_new_tokens=64)  # the longest solver turn: 52 tokens
+    eval_episodes: int = Field(200, ge=1, le=1_000_000)  # held-out questions (eval seeds)
     eval_batch: int = Field(64, ge=1, le=1_000_000)
 
 
@@ -462,7 +510,7 @@ class PromoteConfig(Section):
     margin: float = Field(0.0, ge=0, le=100)           # points of the benchmark average the candidate must gain
 
 
-GPU_STAGES = ("sft", "rollouts", "rl", "rl_baseline", "agent_sft", "agent_rl", "evaluate")
+GPU_STAGES = ("sft", "rollouts", "rl", "rl_baseline", "agent_sft", "agent_rl", "tool_sft", "tool_rl", "evaluate")
 
 
 class OrchestrationConfig(Section):
@@ -504,6 +552,7 @@ class Config(Section):
     rl: RLConfig = RLConfig()
     merge: MergeConfig = MergeConfig()
     agent: AgentConfig = AgentConfig()
+    tool: ToolConfig = ToolConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     promote: PromoteConfig = PromoteConfig()
     orchestration: OrchestrationConfig = OrchestrationConfig()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 from PIL import Image
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from protege.models.processor import StudentProcessor
 
@@ -18,6 +19,7 @@ class Sampling:
     top_k: int = 0
     repetition_penalty: float = 1.0
     max_new_tokens: int = 16
+    stop_at_code_block: bool = False  # tool use: end the turn once a fenced code block is closed
 
     def generate_kwargs(self) -> dict:
         kw = {"max_new_tokens": self.max_new_tokens, "do_sample": self.do_sample,
@@ -43,21 +45,47 @@ def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
     return (~after_eos).long()
 
 
+FENCE = "```"
+
+
+def closes_code_block(text: str) -> bool:
+    """True once `text` holds an opening and a closing code fence: the turn's tool call is complete."""
+    return text.count(FENCE) >= 2
+
+
+class CodeBlockStop(StoppingCriteria):
+    """Stops each row of a batched generation once its completion closes a fenced code block (the row is
+    then padded by transformers, so `sample` cuts the mask at the first pad)."""
+
+    def __init__(self, tokenizer, prompt_len: int):
+        self.tokenizer, self.prompt_len = tokenizer, prompt_len
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_len:], skip_special_tokens=True)
+        return torch.tensor([closes_code_block(t) for t in texts], device=input_ids.device)
+
+
 @torch.no_grad()
 def sample(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], sampling: Sampling,
            num_return_sequences: int = 1) -> Completions:
     """Generates for an encoded prompt batch; each prompt repeated `num_return_sequences` times in a row."""
     was_training = model.training
     model.eval()
-    out = model.generate(**batch, **sampling.generate_kwargs(), num_return_sequences=num_return_sequences,
-                         pad_token_id=processor.tokenizer.pad_token_id,
-                         eos_token_id=processor.tokenizer.eos_token_id,
-                         # an image placeholder in an answer would break re-scoring the sequence
-                         suppress_tokens=processor.vision_token_ids)
-    model.train(was_training)
     prompt_len = batch["input_ids"].shape[1]
+    tok = processor.tokenizer
+    extra = {}
+    if sampling.stop_at_code_block:
+        extra["stopping_criteria"] = StoppingCriteriaList([CodeBlockStop(tok, prompt_len)])
+    out = model.generate(**batch, **sampling.generate_kwargs(), num_return_sequences=num_return_sequences,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                         # an image placeholder in an answer would break re-scoring the sequence
+                         suppress_tokens=processor.vision_token_ids, **extra)
+    model.train(was_training)
     completion = out[:, prompt_len:]
-    mask = completion_mask(completion, processor.tokenizer.eos_token_id)
+    mask = completion_mask(completion, tok.eos_token_id)
+    if sampling.stop_at_code_block:  # a row stopped at its closed block is followed by padding only
+        is_pad = (completion == tok.pad_token_id).long()
+        mask = mask * (is_pad.cumsum(dim=1) == 0).long()
     texts = processor.tokenizer.batch_decode(completion * mask + processor.tokenizer.pad_token_id * (1 - mask),
                                              skip_special_tokens=True)
     return Completions(out, prompt_len, mask, [t.strip() for t in texts])

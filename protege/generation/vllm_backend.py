@@ -80,7 +80,11 @@ def sampling_params(sampling: Sampling, n: int, seed: int | None, suppress: list
         # transformers' suppress_tokens: an image placeholder in an answer would break re-scoring it
         logit_bias={t: -100.0 for t in suppress} or None,
         logprobs=0 if logprobs else None,  # 0: the sampled token's own log-prob only
-        detokenize=False)  # texts are decoded here, exactly as the transformers backend decodes them
+        # tool use: vLLM has no "second fence" rule, so a closing fence followed by a newline stops the turn
+        # (a fence followed by the end-of-turn token ends it anyway); stop strings need detokenizing
+        **({"stop": ["\n```\n"], "include_stop_str_in_output": True, "detokenize": True}
+           if sampling.stop_at_code_block else
+           {"detokenize": False}))  # texts are decoded here, exactly as the transformers backend decodes them
 
 
 class VLLMGenerator:

@@ -1,12 +1,15 @@
-"""RL on a multi-turn visual agent game, optionally guided by GTR-Turbo's merged teacher.
+"""RL on multi-turn games (the visual grid game, the tool-use environment), optionally guided by GTR-Turbo's
+merged teacher, with episode-level (GRPO / Dr.GRPO) or turn-level (GTPO) advantages.
 
-Per step: a few fresh layouts, each played `group_size` times by the policy (multi-turn episodes, one image
-observation per turn); reward = the episode's return (format reward every turn + success reward), minus
-GTR-Turbo's KL penalty to the merged teacher under `gtr.guidance: kl`; group-relative advantages over the
-plays of a layout, carried by every token the policy wrote; one clipped update, plus under `gtr.guidance:
-sft` a cross-entropy on the thoughts the merged teacher writes for observations of this step; then the
-updated weights join the merged teacher. Read top to bottom: this is the whole algorithm. The math lives
-in advantages.py and losses.py, the episodes in episodes.py, the merge in merged_teacher.py.
+Per step: a few fresh layouts (questions), each played `group_size` times by the policy (multi-turn episodes:
+an image observation per turn, or a tool's output as the next turn); rewards per turn. grpo / dr_grpo: the
+episode's return (minus GTR-Turbo's KL penalty under `gtr.guidance: kl`) gives one group-relative advantage
+carried by every token the policy wrote. gtpo: failed episodes get a bonus for code like the group's
+successful code, each turn's discounted return is normalised over the group (or batch), and each turn's
+tokens carry their turn's advantage. One clipped update, plus under `gtr.guidance: sft` a cross-entropy on
+the thoughts the merged teacher writes for observations of this step; then the updated weights join the
+merged teacher. Read top to bottom: this is the whole algorithm. The math lives in advantages.py, gtpo.py
+and losses.py, the episodes in episodes.py, the games in games.py, the merge in merged_teacher.py.
 """
 from __future__ import annotations
 
@@ -19,13 +22,16 @@ from pathlib import Path
 
 import torch
 
-from protege.config import AgentConfig
 from protege.generation.transformers_backend import Sampling, complete
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.paths import checkpoints
 from protege.rl.advantages import group_advantages
+from protege.rl.code_similarity import make_embedder
 from protege.rl.episodes import Episode, EpisodeBatch, batch_to, pack, pack_episodes, play, prompt_batch, sequence_logprobs
+from protege.rl.games import Game, env_factory, max_turns, sampling_for
+from protege.rl.gtpo import (add_final_turn_bonus, discounted_returns, similarity_shaping, token_advantages,
+                             turn_advantages)
 from protege.rl.losses import merged_kl_penalty, policy_loss, thought_sft_loss
 from protege.rl.merged_teacher import MergedTeacher, trainable_weights
 from protege.rl.trainable import select_trainable
@@ -34,14 +40,10 @@ from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fing
                                          restore_state, save_state)
 from protege.train.runtime.run_folder import resumable
 from protege.train.runtime.updaters import make_updater
-from protege.world.envs import EVAL_SEED_OFFSET, action_start, make_env, train_seed
+from protege.world.envs import EVAL_SEED_OFFSET, action_start, train_seed
 
 
-def env_factory(cfg: AgentConfig, image_size: int) -> Callable[[], object]:
-    return lambda: make_env(cfg.env, image_size=image_size, **cfg.grid.model_dump())
-
-
-def agent_fingerprint(cfg: AgentConfig, seed: int, inputs_digest: str = "") -> str:
+def agent_fingerprint(cfg: Game, seed: int, inputs_digest: str = "") -> str:
     """Identifies the run a resume state belongs to. Raising rl.steps continues a finished run (constant LR);
     evaluation settings and placement change nothing."""
     return fingerprint(cfg.model_dump(exclude={"eval_episodes": True, "eval_batch": True, "rl": {"steps", "device"}}),
@@ -86,7 +88,37 @@ def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k:
     return ThoughtBatch(batch_to(pack(processor, rows), device), len(contexts), parsed)
 
 
-def run_agent_rl(policy, processor: StudentProcessor, cfg: AgentConfig, image_size: int, out_dir: Path, seed: int,
+def turn_rewards(eps: list[Episode]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-turn rewards, right-padded: [E, Tmax] rewards and [E, Tmax] bool, True on the episode's turns."""
+    T = max(len(e.rewards) for e in eps)
+    rewards = torch.zeros(len(eps), T)
+    valid = torch.zeros(len(eps), T, dtype=torch.bool)
+    for i, e in enumerate(eps):
+        rewards[i, :len(e.rewards)] = torch.tensor(e.rewards)
+        valid[i, :len(e.rewards)] = True
+    return rewards, valid
+
+
+def episode_code(ep: Episode) -> str:
+    """Every code block the episode ran, in order (GTPO compares failed episodes' code to successful ones')."""
+    return "\n".join(i["code"] for i in ep.infos if i.get("code"))
+
+
+def rollout_metrics(eps: list[Episode]) -> dict[str, float]:
+    """What the step's sampled episodes did; tool metrics where the game reports tool calls."""
+    turns = [i for e in eps for i in e.infos]
+    m = {"success_rate": sum(e.success for e in eps) / len(eps),
+         "format_error_rate": sum(not i.get("legal", True) for i in turns) / max(len(turns), 1),
+         "turns_per_episode": len(turns) / len(eps)}
+    if any("tool_call" in i for i in turns):
+        calls = sum(bool(i.get("tool_call")) for i in turns)
+        m.update(accuracy=m["success_rate"], tool_calls_per_episode=calls / len(eps),
+                 runtime_error_rate=sum(any(i.get("runtime_error") for i in e.infos) for e in eps) / len(eps),
+                 runtime_errors_per_call=sum(bool(i.get("runtime_error")) for i in turns) / max(calls, 1))
+    return m
+
+
+def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int, out_dir: Path, seed: int,
                  on_log: Callable[[int, dict], None] | None = None, state_dir: Path | None = None,
                  stop_after: int | None = None, inputs_digest: str = "",
                  on_state_saved: Callable[[int], None] | None = None,
@@ -101,6 +133,8 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: AgentConfig, image_si
     device = resolve_device(rl.device, "agent.rl.device")
     G = rl.group_size
     new_env = new_env or env_factory(cfg, image_size)
+    gtpo = rl.gtpo if rl.algorithm == "gtpo" else None
+    embed = make_embedder(gtpo.embedder) if gtpo is not None and gtpo.shaping_alpha > 0 else None
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_beta > 0 else None
     teacher = copy.deepcopy(policy).eval().requires_grad_(False) if gtr.guidance != "none" else None
     policy.to(device)
@@ -111,9 +145,8 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: AgentConfig, image_si
     parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
     if merged is not None:
         parts["merged_teacher"] = merged
-    sampling = Sampling(do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
-                        max_new_tokens=rl.max_new_tokens)
-    L_max = rl.max_new_tokens * cfg.grid.max_turns  # Dr.GRPO's constant denominator: the longest possible episode
+    sampling = sampling_for(cfg, do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
+    L_max = rl.max_new_tokens * max_turns(cfg)  # Dr.GRPO's constant denominator: the longest possible episode
     fp = agent_fingerprint(cfg, seed, inputs_digest)
     start, saved = 1, []
     if state_dir is not None:
@@ -145,6 +178,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: AgentConfig, image_si
         returns = torch.tensor([e.total_reward for e in eps])  # [E]
         metrics: dict[str, float] = {}
         rewards = returns
+        penalty = None
         if merged is not None:
             with torch.no_grad(), visiting(teacher, device, device != CPU):
                 logp_m = sequence_logprobs(teacher, batch)
@@ -154,9 +188,23 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: AgentConfig, image_si
             if gtr.guidance == "kl":
                 rewards = returns - gtr.kl_coef * penalty
 
-        # 4. group-relative advantages over the plays of a layout, on every token of the episode
-        adv = group_advantages(rewards.view(-1, G), scale_by_std=rl.algorithm == "grpo").flatten()  # [E]
-        adv_tokens = adv.to(device)[owner].unsqueeze(1) * mask  # [N, T-1]
+        # 4. advantages. grpo / dr_grpo: group-relative over the plays of a layout, on every token of the
+        # episode. gtpo: per turn, from discounted returns of per-turn rewards (+ similarity shaping)
+        if gtpo is None:
+            adv = group_advantages(rewards.view(-1, G), scale_by_std=rl.algorithm == "grpo").flatten()  # [E]
+            adv_tokens = adv.to(device)[owner].unsqueeze(1) * mask  # [N, T-1]
+        else:
+            r_turn, valid = turn_rewards(eps)  # [E, Tmax] each
+            bonus = (similarity_shaping([episode_code(e) for e in eps], [e.success for e in eps], G,
+                                        gtpo.shaping_alpha, embed) if embed is not None else torch.zeros(len(eps)))
+            r_turn = add_final_turn_bonus(r_turn, valid, bonus)  # [E, Tmax]
+            if penalty is not None and gtr.guidance == "kl":
+                r_turn = add_final_turn_bonus(r_turn, valid, -gtr.kl_coef * penalty)
+            adv_turn = turn_advantages(discounted_returns(r_turn, valid, gtpo.gamma), valid, G, gtpo.scope)
+            adv_tokens = token_advantages(adv_turn.to(device), owner, batch.turn, mask)  # [N, T-1]
+            failed = [not e.success for e in eps]
+            metrics["shaping_reward_mean"] = float(bonus[torch.tensor(failed)].mean()) if any(failed) else 0.0
+            rewards = (r_turn * valid).sum(1)  # [E] what the episode was credited with
 
         # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy); GTR-Turbo `sft`: CE on merged thoughts
         if ref is not None:
@@ -165,7 +213,9 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: AgentConfig, image_si
         else:
             logp_ref = logp.detach()
         loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv_tokens, mask, clip_eps=rl.clip_eps,
-                                  kl_beta=rl.kl_beta, aggregation=rl.algorithm, max_len=L_max)
+                                  kl_beta=rl.kl_beta, max_len=L_max,
+                                  # gtpo averages each sequence's tokens as grpo does
+                                  aggregation="dr_grpo" if rl.algorithm == "dr_grpo" else "grpo")
         if gtr.guidance == "sft":
             with visiting(teacher, device, device != CPU):
                 thoughts = merged_thoughts(teacher, processor, eps, gtr.sft_contexts, sampling, rng, device)
@@ -194,14 +244,12 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: AgentConfig, image_si
                 if on_state_saved is not None:
                     on_state_saved(step)
         if on_log:
-            turns = [i for e in eps for i in e.infos]
             n_tok = float(mask.sum())
+            metrics.update(rollout_metrics(eps))
             metrics.update({
-                "success_rate": sum(e.success for e in eps) / len(eps),
-                "format_error_rate": sum(not i.get("legal", True) for i in turns) / max(len(turns), 1),
                 "entropy": float((entropy.detach() * mask).sum() / max(n_tok, 1.0)),
                 "reward": float(rewards.mean()), "return": float(returns.mean()),
-                "turns_per_episode": len(turns) / len(eps), "loss": float(loss.detach()), "kl_ref": float(stats["kl"]),
+                "loss": float(loss.detach()), "kl_ref": float(stats["kl"]),
                 "clip_fraction": float(stats["clip_fraction"]), "rollout_s": rollout_s, "step_s": seconds,
                 "tokens_per_episode": n_tok / len(eps)})
             on_log(step, metrics)

@@ -1,26 +1,43 @@
-"""agent_sft: the agent game's warm start, supervised on the scripted solver's episodes (train seeds)."""
+"""agent_sft: the agent game's warm start, supervised on the scripted solver's episodes (train seeds).
+`run_game(cfg, cfg.tool, ...)` is the same recipe for the tool environment (the tool_sft stage)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from protege.config import Config
 from protege.models.student import load_student, save_student
-from protege.paths import AGENT_SFT_MODEL, BASE_MODEL
+from protege.paths import BASE_MODEL
+from protege.rl.games import is_tool
 from protege.stages.common import say, step_logger, write_stage_metrics
+from protege.stages.games import GAMES
 from protege.train.agent_sft import train_agent_sft
 
 
-def run(cfg: Config, root: Path, run) -> None:
-    a = cfg.agent
-    run.log_params({"env": a.env, **a.grid.model_dump(), **a.sft.model_dump()}, "agent.")
-    run.log_input(BASE_MODEL, context="init")
+def _describe(g) -> str:
+    if is_tool(g):
+        t = g.task
+        return f"tool environment ({', '.join(t.kinds)}; at most {t.max_tool_calls} tool calls, sandboxed)"
+    return f"{g.env} {g.grid.size}x{g.grid.size}, {g.grid.walls} walls, at most {g.grid.max_turns} turns"
+
+
+def run_game(cfg: Config, game_cfg, root: Path, mlrun) -> None:
+    """The recipe for the game whose params section is `game_cfg` (cfg.agent or cfg.tool)."""
+    game = "tool" if is_tool(game_cfg) else "agent"
+    layout = GAMES[game]
+    g, name = layout.config(cfg), layout.sft_stage
+    env_params = g.task.model_dump() if is_tool(g) else g.grid.model_dump()
+    mlrun.log_params({"env": g.env, **env_params, **g.sft.model_dump()}, f"{layout.section}.")
+    mlrun.log_input(BASE_MODEL, context="init")
     model, processor = load_student(root / BASE_MODEL)
-    say("agent_sft", f"{a.sft.steps} steps x {a.sft.batch_size} of {a.sft.episodes} solver episodes "
-                     f"({a.env} {a.grid.size}x{a.grid.size}, {a.grid.walls} walls, at most {a.grid.max_turns} turns)")
-    summary = train_agent_sft(model, processor, a, cfg.world.image_size, cfg.seed,
-                              on_log=step_logger("agent_sft", run, every_print=max(1, a.sft.steps // 5)))
-    save_student(model, processor, root / AGENT_SFT_MODEL)
-    run.log_model(root / AGENT_SFT_MODEL, "agent-sft", params=a.sft.model_dump())
-    write_stage_metrics(root, "agent_sft", summary)
-    say("agent_sft", f"loss {summary['loss']:.4f} after {a.sft.steps} steps on {summary['turns']} solver turns "
-                     f"-> {AGENT_SFT_MODEL}")
+    say(name, f"{g.sft.steps} steps x {g.sft.batch_size} of {g.sft.episodes} solver episodes ({_describe(g)})")
+    summary = train_agent_sft(model, processor, g, cfg.world.image_size, cfg.seed,
+                              on_log=step_logger(name, mlrun, every_print=max(1, g.sft.steps // 5)))
+    save_student(model, processor, root / layout.sft_model)
+    mlrun.log_model(root / layout.sft_model, name.replace("_", "-"), params=g.sft.model_dump())
+    write_stage_metrics(root, name, summary)
+    say(name, f"loss {summary['loss']:.4f} after {g.sft.steps} steps on {summary['turns']} solver turns "
+              f"-> {layout.sft_model}")
+
+
+def run(cfg: Config, root: Path, run) -> None:
+    run_game(cfg, cfg.agent, root, run)

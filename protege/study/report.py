@@ -1,11 +1,12 @@
 """A study's report: per variant the mean and 95% CI over seeds and items, the paired difference to the
-baseline variant, and a verdict per claim, as reports/study/<name>.{md,json,png}."""
+baseline variant, and a verdict per claim, as reports/study/<name>.{md,json,png}. A game study's (`task:
+agent` or `tool`) is built by protege.study.agent_report."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from protege.study.spec import Study, describe
+from protege.study.spec import GAME_TASKS, Study, describe
 from protege.study.stats import Part, Run, paired_difference, summarize
 
 HEADLINE = ("world_test", "benchmark_average")
@@ -40,7 +41,7 @@ def _runs_of(study: Study, results: dict[str, dict], variant: str, model: str, m
 
 def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> dict:
     """results: run key -> the run's result.json (finished runs only)."""
-    if study.task == "agent":
+    if study.task in GAME_TASKS:
         from protege.study.agent_report import build_agent_report
 
         return build_agent_report(study, results, failed)
@@ -127,7 +128,7 @@ def _metric_label(metric: str) -> str:
 
 
 def markdown(report: dict) -> str:
-    if report.get("task") == "agent":
+    if report.get("task") in GAME_TASKS:
         from protege.study.agent_report import agent_markdown
 
         return agent_markdown(report)
@@ -190,7 +191,7 @@ def markdown(report: dict) -> str:
 
 
 def bar_chart(report: dict, path: Path) -> Path:
-    if report.get("task") == "agent":
+    if report.get("task") in GAME_TASKS:
         from protege.study.agent_report import agent_chart
 
         agent_chart(report, path)

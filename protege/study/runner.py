@@ -4,9 +4,10 @@ artifacts, evaluates, and writes its per-item results atomically.
     reports/study/<name>/runs/<variant>/seed-<k>/
         data -> <project>/data                 shared inputs, as symlinks: the stage recipes run unchanged
         models/sft -> <project>/models/sft     with this folder as their root
-        models/discriminator -> ...
+        models/discriminator -> ...            (models/agent_sft, models/tool_sft: the games' warm starts)
         models/rl/, models/merged/             written by the rl and merge stages (deleted when finished,
-                                               unless keep_checkpoints)
+                                               unless keep_checkpoints); models/agent_rl/, models/tool_rl/
+                                               by a game study's runs
         eval/<model>/                          predictions and scores per benchmark, world test answers
         result.json                            per-item results; written last, atomically: the run is finished
         fingerprint, mlflow_run_id, log.txt
@@ -48,19 +49,27 @@ from protege.paths import (
     SPLIT_TABLES,
     STAGE_METRICS,
     TEACHER_ANSWERS,
+    TOOL_RL,
+    TOOL_SFT_MODEL,
     WORLD,
     checkpoints,
 )
-from protege.study.spec import RunSpec, Study, load_study
+from protege.stages.games import GAMES
+from protege.study.spec import GAME_TASKS, RunSpec, Study, load_study
 
 RESULT = "result.json"
 FINGERPRINT = "fingerprint"
 MLFLOW_RUN = "mlflow_run_id"
 LOG = "log.txt"
 STATE = "study.json"                      # reports/study/<name>/study.json: the parent run id
-SHARED = (Path("data"), SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL, Path("dvc.lock"))  # linked into every run folder
-UPSTREAM = (WORLD, MINI_BENCHMARKS, CURATED, TEACHER_ANSWERS, SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL)  # fingerprinted
-AGENT_MODELS = {"rl_final": "end", "merged": "merged_teacher"}  # an agent study's `model` -> its evaluation
+# linked into every run folder
+SHARED = (Path("data"), SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL, TOOL_SFT_MODEL, Path("dvc.lock"))
+UPSTREAM = (WORLD, MINI_BENCHMARKS, CURATED, TEACHER_ANSWERS, SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL,
+            TOOL_SFT_MODEL)  # fingerprinted
+# upstream that feeds one task's studies only: rebuilding it leaves the other studies' finished runs finished
+# (models/agent_sft was fingerprinted by every study before and stays so)
+TASK_UPSTREAM = {TOOL_SFT_MODEL: "tool"}
+AGENT_MODELS = {"rl_final": "end", "merged": "merged_teacher"}  # a game study's `model` -> its evaluation
 
 
 class RunFailed(UserFacingError):
@@ -77,8 +86,8 @@ def say(message: str) -> None:
 
 
 def required_upstream(runs: list[RunSpec], task: str = "qa") -> list[Path]:
-    if task == "agent":
-        return [AGENT_SFT_MODEL]
+    if task in GAME_TASKS:
+        return [GAMES[task].sft_model]
     need = [SPLIT_TABLES["test"], SFT_MODEL]
     if any(r.train for r in runs):
         need.append(CURATED_RL)
@@ -93,17 +102,20 @@ def check_upstream(study: Study, runs: list[RunSpec] | None = None) -> None:
     """The shared artifacts the runs train and evaluate from must exist: a study never computes them."""
     missing = [str(p) for p in required_upstream(runs if runs is not None else study.runs(), study.task)
                if not (study.project / p).exists()]
-    if missing and study.task == "agent":
-        raise UserFacingError(f"{study.path}: an agent study trains from the project's warm start, and "
-                              f"{', '.join(missing)} is missing in {study.project}: run `dvc repro agent_sft` there first")
+    if missing and study.task in GAME_TASKS:
+        article = "an" if study.task[0] in "aeiou" else "a"
+        raise UserFacingError(f"{study.path}: {article} {study.task} study trains from the project's warm start, and "
+                              f"{', '.join(missing)} is missing in {study.project}: run "
+                              f"`dvc repro {GAMES[study.task].sft_stage}` there first")
     if missing:
         raise UserFacingError(f"{study.path}: the study trains from the project's shared upstream artifacts, and "
                               f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing in {study.project}: "
                               "run `make demo` (or `dvc repro disc_pretrain mini_benchmarks`) there first")
 
 
-def upstream_digest(project: Path) -> str:
-    parts = {str(rel): tracking.dvc_digest(project, rel) or tracking.stat_digest(project / rel) for rel in UPSTREAM}
+def upstream_digest(project: Path, task: str = "qa") -> str:
+    parts = {str(rel): tracking.dvc_digest(project, rel) or tracking.stat_digest(project / rel) for rel in UPSTREAM
+             if TASK_UPSTREAM.get(rel, task) == task}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -136,7 +148,7 @@ def read_result(folder: Path) -> dict | None:
 
 def plan(study: Study) -> list[Planned]:
     """Every run of the study with its folder and whether it has finished with these params and inputs."""
-    upstream = upstream_digest(study.project)
+    upstream = upstream_digest(study.project, study.task)
     out = []
     for run in study.runs():
         folder = study.run_folder(run)
@@ -236,17 +248,22 @@ def evaluate_models(cfg, root: Path, models: dict[str, Path], label: str) -> dic
     return out
 
 
+def game_summary(result: dict) -> dict | None:
+    """A game run's summary (the agent_rl recipe's), kept under the game's name ("agent", "tool")."""
+    return next((result[g] for g in GAME_TASKS if g in result), None)
+
+
 def model_result(result: dict, model: str) -> dict:
     """A run's results for `model` (rl_final | merged); a run without RL has only the SFT checkpoint's.
-    An agent run's are its evaluations: `end` (rl_final), `merged_teacher` (merged), `start` (the warm start)."""
-    if "agent" in result:
-        return result["agent"].get(AGENT_MODELS[model]) or result["agent"]["start"]
+    A game run's are its evaluations: `end` (rl_final), `merged_teacher` (merged), `start` (the warm start)."""
+    if (summary := game_summary(result)) is not None:
+        return summary.get(AGENT_MODELS[model]) or summary["start"]
     return result["models"].get(model) or result["models"]["sft"]
 
 
 def cleanup(study: Study, folder: Path) -> None:
     if not study.keep_checkpoints:
-        for rel in (RL_CHECKPOINTS, MERGED_MODEL, AGENT_RL):
+        for rel in (RL_CHECKPOINTS, MERGED_MODEL, AGENT_RL, TOOL_RL):
             if (folder / rel).exists():
                 shutil.rmtree(folder / rel)
 
@@ -278,7 +295,7 @@ def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
         cleanup(study, folder)
         return folder / RESULT
     prepare_folder(study, planned)
-    if study.task == "agent":
+    if study.task in GAME_TASKS:
         return execute_agent(study, planned, parent_run_id)
     cfg = run.config
     t0 = time.perf_counter()
@@ -312,31 +329,37 @@ def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
 
 
 def execute_agent(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
-    """One agent run: the agent_rl recipe in the run folder (start and end evaluations, merged teacher), or
-    with `train: false` the warm start's evaluation alone; result.json keeps every episode's outcome."""
+    """One game run (`task: agent` or `tool`): the agent_rl recipe on that game in the run folder (start and
+    end evaluations, merged teacher), or with `train: false` the warm start's evaluation alone; result.json
+    keeps every episode's outcome under the game's name."""
     from protege.eval.agent import evaluate_agent
     from protege.models.student import load_student
     from protege.stages import agent_rl
 
     run, folder, cfg = planned.run, planned.folder, planned.run.config
+    game, layout = study.task, GAMES[study.task]
     t0 = time.perf_counter()
     with child_run(study, planned, parent_run_id) as mlrun:
         if run.train:
-            say(f"{run.key}: agent RL ({'resuming' if (folder / AGENT_RL).exists() else 'fresh'}) in {folder}")
-            summary = agent_rl.train(cfg, folder, mlrun)
+            say(f"{run.key}: {game} RL ({'resuming' if (folder / layout.rl_dir).exists() else 'fresh'}) in {folder}")
+            summary = agent_rl.train(cfg, folder, mlrun, game)
         else:
-            model, processor = load_student(folder / AGENT_SFT_MODEL)
-            summary = {"start": evaluate_agent(model, processor, cfg.agent, cfg.world.image_size, seed=cfg.seed)}
-        headline = model_result({"agent": summary}, study.model)
-        mlrun.log_metrics({"success_rate": headline["success_rate"], "entropy": headline["entropy"]})
+            model, processor = load_student(folder / layout.sft_model)
+            summary = {"start": evaluate_agent(model, processor, layout.config(cfg), cfg.world.image_size,
+                                               seed=cfg.seed)}
+        headline = model_result({game: summary}, study.model)
+        mlrun.log_metrics({k: headline[k] for k in ("success_rate", "entropy", "accuracy", "runtime_error_rate",
+                                                     "tool_calls_per_episode") if k in headline})
         result = {"study": study.name, "variant": run.variant, "seed": run.seed, "train": run.train,
                   "fingerprint": planned.fingerprint, "overrides": run.overrides, "mlflow_run_id": mlrun.run_id,
                   "seconds": time.perf_counter() - t0, "finished_at": datetime.now(timezone.utc).isoformat(),
-                  "agent": summary}
+                  game: summary}
         write_json_atomic(folder / RESULT, result)
     cleanup(study, folder)
-    say(f"{run.key}: finished in {result['seconds']:.0f} s: success {100 * headline['success_rate']:.1f}% "
-        f"-> {folder / RESULT}")
+    figures = (f"accuracy {100 * headline['accuracy']:.1f}%, runtime errors in "
+               f"{100 * headline['runtime_error_rate']:.1f}% of episodes" if "runtime_error_rate" in headline else
+               f"success {100 * headline['success_rate']:.1f}%")
+    say(f"{run.key}: finished in {result['seconds']:.0f} s: {figures} -> {folder / RESULT}")
     return folder / RESULT
 
 

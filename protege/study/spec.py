@@ -22,6 +22,12 @@ variants may change `agent.rl.*` and the evaluation's `agent.eval_episodes` / `a
 `train: false` variant evaluates the warm start; `model: rl_final` is the last RL checkpoint and
 `model: merged` GTR-Turbo's merged teacher; claims compare `success`, `entropy` or `format_errors`.
 
+`task: tool` is the same on the tool environment (the tool_rl recipe from models/tool_sft, e.g. GTPO vs
+GRPO): variants may change `tool.rl.*`, `tool.eval_episodes` and `tool.eval_batch`; claims compare
+`accuracy` (default), `runtime_errors` (episodes with at least one failed tool call), `tool_calls` (per
+episode) or `entropy`. For `format_errors` and `runtime_errors` lower is better: a claim "A better than B"
+on them is reproduced when A has fewer.
+
 Every variant is validated by the same schema as params.yaml (`protege.config.Config`). Variants share
 the project's upstream artifacts (world, SFT checkpoint, curated questions, teacher answers,
 discriminator, mini benchmarks), so they may only change `rl.*`, `merge.*` and `evaluate.*` (not
@@ -47,8 +53,19 @@ NAME = r"^[A-Za-z0-9_.-]+$"
 VARIANT_SECTIONS = ("rl", "merge", "evaluate")
 UPSTREAM_KEYS = {"evaluate.mini_items": "it sizes the shared mini benchmarks (data/benchmarks)"}
 METRICS = ("world_test", "benchmark_average", *BENCHMARKS)
-AGENT_METRICS = ("success", "entropy", "format_errors")
-AGENT_KEYS = ("agent.rl", "agent.eval_episodes", "agent.eval_batch")  # what an agent study's variants may change
+GAME_TASKS = ("agent", "tool")           # tasks that run the multi-turn recipe on the game of that name
+GAME_METRICS = {"agent": ("success", "entropy", "format_errors"),
+                "tool": ("accuracy", "runtime_errors", "tool_calls", "entropy")}  # the first is a claim's default
+AGENT_METRICS = GAME_METRICS["agent"]
+LOWER_IS_BETTER = ("format_errors", "runtime_errors")
+
+
+def game_keys(task: str) -> tuple[str, ...]:
+    """What a game study's variants may change: everything else feeds the shared warm start."""
+    return (f"{task}.rl", f"{task}.eval_episodes", f"{task}.eval_batch")
+
+
+AGENT_KEYS = game_keys("agent")
 MODELS = ("rl_final", "merged")
 STUDY_DIR = Path("reports/study")
 
@@ -62,7 +79,8 @@ class ClaimSpec(_Strict):
     than: str
     name: str = ""
     metric: str | None = None              # world_test | benchmark_average (default) | one benchmark's name;
-    #                                        an agent study: success (default) | entropy | format_errors
+    #                                        an agent study: success (default) | entropy | format_errors;
+    #                                        a tool study: accuracy (default) | runtime_errors | tool_calls | entropy
     model: Literal["rl_final", "merged"] | None = None  # default: the study's model
 
 
@@ -77,7 +95,8 @@ class StudyFile(_Strict):
     baseline: str
     variants: dict[str, dict[str, Any] | None]
     name: str | None = Field(None, pattern=NAME)
-    task: Literal["qa", "agent"] = "qa"    # qa: the rl stage on questions; agent: agent_rl on the agent game
+    # qa: the rl stage on questions; agent: agent_rl on the grid game; tool: the tool_rl recipe on the tool game
+    task: Literal["qa", "agent", "tool"] = "qa"
     description: str = ""
     model: Literal["rl_final", "merged"] = "rl_final"
     bootstrap: int = Field(1000, ge=100)
@@ -222,15 +241,20 @@ def _first_leaf(value: Any, key: str) -> str:
     return key
 
 
-def _check_agent_keys(overrides: dict, where: str, path: Path) -> None:
-    """An agent study's variants share models/agent_sft (made from agent.env, agent.grid, agent.sft)."""
-    for key in flatten(overrides):
-        if key == "seed":
-            raise ConfigError(f"{path}: {where}.seed is not allowed: a run's seed comes from the study's `seeds`")
-        if not any(key == k or key.startswith(k + ".") for k in AGENT_KEYS):
-            raise ConfigError(f"{path}: {where}.{key} is not allowed: an agent study shares the project's warm start "
-                              f"(models/agent_sft), so variants may change {', '.join(AGENT_KEYS[:1])}.*, "
-                              f"{', '.join(AGENT_KEYS[1:])} only")
+def _check_game_keys(task: str):
+    """A game study's variants share models/<task>_sft (made from the section's env, task or grid, and sft)."""
+    allowed = game_keys(task)
+    article = "an" if task[0] in "aeiou" else "a"
+
+    def check(overrides: dict, where: str, path: Path) -> None:
+        for key in flatten(overrides):
+            if key == "seed":
+                raise ConfigError(f"{path}: {where}.seed is not allowed: a run's seed comes from the study's `seeds`")
+            if not any(key == k or key.startswith(k + ".") for k in allowed):
+                raise ConfigError(f"{path}: {where}.{key} is not allowed: {article} {task} study shares the "
+                                  f"project's warm start (models/{task}_sft), so variants may change "
+                                  f"{allowed[0]}.*, {', '.join(allowed[1:])} only")
+    return check
 
 
 def _check_sections(overrides: dict, where: str, path: Path) -> None:
@@ -335,7 +359,7 @@ def load_study(path: str | Path, project: str | Path = ".") -> Study:
     names = ", ".join(spec.variants)
     if spec.baseline not in spec.variants:
         raise ConfigError(f"{path}: baseline '{spec.baseline}' is not a variant (variants: {names})")
-    default_metric = "success" if spec.task == "agent" else "benchmark_average"
+    default_metric = GAME_METRICS[spec.task][0] if spec.task in GAME_TASKS else "benchmark_average"
     spec = spec.model_copy(update={"claims": [c.model_copy(update={"metric": c.metric or default_metric})
                                               for c in spec.claims]})
     for i, c in enumerate(spec.claims):
@@ -344,9 +368,10 @@ def load_study(path: str | Path, project: str | Path = ".") -> Study:
                 raise ConfigError(f"{path}: claims[{i}].{side} '{getattr(c, side)}' is not a variant (variants: {names})")
         if c.better == c.than:
             raise ConfigError(f"{path}: claims[{i}] compares '{c.better}' with itself")
-        if spec.task == "agent" and c.metric not in AGENT_METRICS:
-            raise ConfigError(f"{path}: claims[{i}].metric '{c.metric}' is not an agent study's metric (expected "
-                              f"{', '.join(AGENT_METRICS)})")
+        if spec.task in GAME_TASKS and c.metric not in GAME_METRICS[spec.task]:
+            article = "an" if spec.task[0] in "aeiou" else "a"
+            raise ConfigError(f"{path}: claims[{i}].metric '{c.metric}' is not {article} {spec.task} study's metric "
+                              f"(expected {', '.join(GAME_METRICS[spec.task])})")
         if spec.task == "qa" and c.metric not in METRICS:
             raise ConfigError(f"{path}: claims[{i}].metric '{c.metric}' is unknown (expected world_test, "
                               f"benchmark_average or a benchmark: {', '.join(BENCHMARKS)})")
@@ -358,7 +383,7 @@ def load_study(path: str | Path, project: str | Path = ".") -> Study:
     load_config(params_file)  # the project's own params must be valid first (its message names that file)
     params, _ = read_params(params_file)
     common = expand(spec.common, "common", path)
-    check = _check_agent_keys if spec.task == "agent" else _check_sections
+    check = _check_game_keys(spec.task) if spec.task in GAME_TASKS else _check_sections
     check(common, "common", path)
     variants = {}
     for name, body in spec.variants.items():
@@ -371,7 +396,8 @@ def load_study(path: str | Path, project: str | Path = ".") -> Study:
             raise ConfigError(f"{path}: {where}.train expects true or false (got {train!r})")
         check(own, where, path)
         if not train:
-            dead = [k for k in flatten(own) if k.split(".")[0] in ("rl", "merge") or k.startswith("agent.rl.")]
+            dead = [k for k in flatten(own) if k.split(".")[0] in ("rl", "merge")
+                    or any(k.startswith(f"{t}.rl.") for t in GAME_TASKS)]
             if dead:
                 raise ConfigError(f"{path}: {where}.{dead[0]} has no effect: "
                                   "train: false evaluates the SFT checkpoint without RL")

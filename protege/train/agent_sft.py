@@ -1,4 +1,5 @@
-"""Warm start for agent RL: supervised training on the scripted solver's multi-turn episodes.
+"""Warm start for agent RL (the grid game or the tool environment): supervised training on the scripted
+solver's multi-turn episodes.
 
 An expert episode is laid out exactly as a played one (protege.rl.episodes): observations as user turns,
 the solver's "thought + action" as the assistant's; the loss is the cross-entropy on the assistant tokens.
@@ -15,10 +16,11 @@ from protege.config import AgentConfig
 from protege.models.processor import StudentProcessor
 from protege.rl.episodes import (Episode, add_observation, add_policy_turn, batch_to, pack, sequence_logprobs,
                                  start_episode)
+from protege.rl.games import Game, expert_episodes
 from protege.rl.losses import thought_sft_loss
 from protege.train.runtime.placement import resolve_device
 from protege.train.runtime.updaters import make_updater
-from protege.world.envs import GridParams, expert_episode, train_seed
+from protege.world.envs import GridParams
 
 
 def grid_params(cfg: AgentConfig, image_size: int) -> GridParams:
@@ -42,14 +44,13 @@ def expert_as_episode(processor: StudentProcessor, turns, context: str = "full")
     return ep
 
 
-def train_agent_sft(model, processor: StudentProcessor, cfg: AgentConfig, image_size: int, seed: int,
+def train_agent_sft(model, processor: StudentProcessor, cfg: Game, image_size: int, seed: int,
                     device_name: str = "auto", on_log: Callable[[int, dict], None] | None = None) -> dict:
     """Trains `model` in place on `cfg.sft.episodes` expert episodes (train seeds 0..episodes-1), in batches
     of `batch_size` rows: single turns under context "current" (i.i.d. across layouts), else whole episodes."""
     sft = cfg.sft
-    params = grid_params(cfg, image_size)
-    episodes = [expert_as_episode(processor, expert_episode(params, train_seed(i)), cfg.context)
-                for i in range(sft.episodes)]
+    episodes = [expert_as_episode(processor, turns, cfg.context)
+                for turns in expert_episodes(cfg, image_size, sft.episodes)]
     rng = random.Random(seed)
     torch.manual_seed(seed)
     device = resolve_device(device_name, "agent.sft.device")

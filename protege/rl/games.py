@@ -1,0 +1,72 @@
+"""The multi-turn games the agent recipes train on, behind one face: an environment factory, the longest
+episode, and the scripted solver's episodes. `agent` (AgentConfig) is the grid game, `tool` (ToolConfig) the
+tool-use environment whose python blocks run in the sandbox."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from protege.config import AgentConfig, ToolConfig
+from protege.generation.transformers_backend import Sampling
+from protege.world.envs import GridParams, make_env, train_seed
+from protege.world.envs import expert_episode as grid_expert_episode
+
+Game = AgentConfig | ToolConfig
+
+
+def is_tool(cfg: Game) -> bool:
+    return getattr(cfg, "env", None) == "tool"
+
+
+def sandbox_for(cfg: ToolConfig):
+    """The sandbox every environment of a run shares (it is thread-safe); refuses without bubblewrap unless
+    `sandbox.unsafe` is set."""
+    from protege.tools.sandbox import Limits, Sandbox
+
+    s = cfg.sandbox
+    return Sandbox(Limits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb, nproc=s.nproc,
+                          output_bytes=s.output_bytes), unsafe=s.unsafe)
+
+
+def tool_params(cfg: ToolConfig, image_size: int):
+    from protege.world.envs.tool import ToolParams
+
+    t = cfg.task
+    return ToolParams(image_size=image_size, max_tool_calls=t.max_tool_calls, kinds=tuple(t.kinds),
+                      correct_reward=t.correct_reward, format_penalty=t.format_penalty,
+                      tool_error_penalty=t.tool_error_penalty, tool_output_chars=t.tool_output_chars)
+
+
+def env_factory(cfg: Game, image_size: int) -> Callable[[], object]:
+    """A function building fresh environments of the configured game (one sandbox for all of them)."""
+    if is_tool(cfg):
+        from protege.world.envs.tool import ToolEnv
+
+        params, sandbox = tool_params(cfg, image_size), sandbox_for(cfg)
+        return lambda: ToolEnv(params, sandbox)
+    return lambda: make_env(cfg.env, image_size=image_size, **cfg.grid.model_dump())
+
+
+def max_turns(cfg: Game) -> int:
+    """The most policy turns an episode can have: tool calls plus the final answer, or the game's limit."""
+    return cfg.task.max_tool_calls + 1 if is_tool(cfg) else cfg.grid.max_turns
+
+
+def sampling_for(cfg: Game, **kw) -> Sampling:
+    """Generation settings of a turn: a tool game's turn ends at its closed code block."""
+    return Sampling(max_new_tokens=cfg.rl.max_new_tokens, stop_at_code_block=is_tool(cfg), **kw)
+
+
+def expert_episodes(cfg: Game, image_size: int, n: int) -> list[list]:
+    """The scripted solver's episodes on train seeds 0..n-1: per episode, (observation, solver text) per turn.
+    The tool game's solver runs its code through the sandbox, exactly as the trainer would."""
+    if is_tool(cfg):
+        from protege.world.envs.tool_solver import expert_episode
+
+        params, sandbox = tool_params(cfg, image_size), sandbox_for(cfg)
+        # each episode waits on its sandboxed process: threads overlap those waits (the sandbox is thread-safe)
+        with ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 1))) as pool:
+            return list(pool.map(lambda i: expert_episode(params, train_seed(i), sandbox), range(n)))
+    params = GridParams(image_size=image_size, **cfg.grid.model_dump())
+    return [grid_expert_episode(params, train_seed(i)) for i in range(n)]

@@ -1,0 +1,5 @@
+# Prints its whole environment.
+import json
+import os
+
+print(json.dumps(dict(os.environ)))
