@@ -41,6 +41,8 @@ demo: $(STAMP)
 	@echo
 	@$(BIN)/python -m protege.eval.agent reports/agent/summary.json
 	@echo
+	@$(BIN)/python -m protege.eval.agent reports/tool/summary.json
+	@echo
 	@echo "MLflow UI: $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db"
 
 # The harness the differential tests hold our scorers to: lmms-eval at its pinned version without its

@@ -472,6 +472,9 @@ class ToolConfig(Section):
     task: ToolTaskConfig = ToolTaskConfig()
     sandbox: SandboxConfig = SandboxConfig()
     sft: AgentSFTConfig = AgentSFTConfig()
+    # share of the solver's product episodes whose first program forgets `import math` and is fixed in the
+    # next tool call: runtime errors in the warm start that RL can learn to avoid
+    solver_slips: float = Field(0.5, ge=0, le=1)
     rl: AgentRLConfig = AgentRLConfig(algorithm="gtpo", max_new_tokens=64)  # the longest solver turn: 52 tokens
     eval_episodes: int = Field(200, ge=1, le=1_000_000)  # held-out questions (eval seeds)
     eval_batch: int = Field(64, ge=1, le=1_000_000)

@@ -4,6 +4,7 @@ tool-use environment whose python blocks run in the sandbox."""
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -65,8 +66,10 @@ def expert_episodes(cfg: Game, image_size: int, n: int) -> list[list]:
         from protege.world.envs.tool_solver import expert_episode
 
         params, sandbox = tool_params(cfg, image_size), sandbox_for(cfg)
+        # a slip is drawn from the episode's own seed, so the data does not depend on n or on thread order
+        slips = [random.Random(f"slip-{i}").random() < cfg.solver_slips for i in range(n)]
         # each episode waits on its sandboxed process: threads overlap those waits (the sandbox is thread-safe)
         with ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 1))) as pool:
-            return list(pool.map(lambda i: expert_episode(params, train_seed(i), sandbox), range(n)))
+            return list(pool.map(lambda i: expert_episode(params, train_seed(i), sandbox, slips[i]), range(n)))
     params = GridParams(image_size=image_size, **cfg.grid.model_dump())
     return [grid_expert_episode(params, train_seed(i)) for i in range(n)]

@@ -55,7 +55,7 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
     policy, processor = load_student(root / layout.sft_model)
     start = _eval("start", policy, processor, cfg, mlrun, layout)
     g, p = a.rl.gtr, a.rl.gtpo
-    say(layout.rl_stage, f"{a.rl.algorithm}: {a.rl.steps} steps x {a.rl.seeds_per_step} layouts x {a.rl.group_size} plays"
+    say(layout.rl_stage, f"{a.rl.algorithm}: {a.rl.steps} steps x {a.rl.seeds_per_step} {layout.what} x {a.rl.group_size} plays"
                     + (f" (gamma {p.gamma}, {p.scope}-normalised advantages, shaping alpha {p.shaping_alpha})"
                        if a.rl.algorithm == "gtpo" else "")
                     + (f", GTR-Turbo {g.guidance} guidance from the {g.merge} merge of its checkpoints" if g.guidance != "none" else "")

@@ -22,7 +22,10 @@ TINY = {"world": {"n_train": 64, "n_rl": 12, "n_val": 8, "n_test": 16},
         "evaluate": {"max_new_tokens": 6, "mini_items": 8, "bootstrap": 200},
         "agent": {"grid": {"max_turns": 2}, "sft": {"episodes": 8, "steps": 2, "batch_size": 4},
                   "rl": {"steps": 2, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6, "save_every": 1},
-                  "eval_episodes": 4}}
+                  "eval_episodes": 4},
+        "tool": {"sft": {"episodes": 8, "steps": 2, "batch_size": 4},
+                 "rl": {"steps": 2, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 8, "save_every": 1},
+                 "eval_episodes": 4}}
 
 
 def tiny_params(**rl_overrides) -> str:
@@ -87,12 +90,17 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
                 "data/benchmarks/mmbench/mmbench.tsv", "data/benchmarks/mmvet/mmvet.json",
                 "reports/eval/merged/blink/items.jsonl", "models/rl_baseline/step-00002/model.safetensors",
                 "reports/eval/dr_grpo_final/blink/items.jsonl", "models/agent_sft/model.safetensors",
-                "models/agent_rl/step-00002/model.safetensors", "models/agent_rl/merged-teacher/model.safetensors"):
+                "models/agent_rl/step-00002/model.safetensors", "models/agent_rl/merged-teacher/model.safetensors",
+                "models/tool_sft/model.safetensors", "models/tool_rl/step-00002/model.safetensors"):
         assert (proj / rel).exists(), rel
     agent = json.loads((proj / "reports/agent/summary.json").read_text())
     for point in ("start", "end", "merged_teacher"):
         assert agent[point]["episodes"] == 4 and 0 <= agent[point]["success_rate"] <= 1, point
     assert pd.read_csv(proj / "reports/agent/train_curve.csv")["step"].tolist() == [1, 2]
+    tool = json.loads((proj / "reports/tool/summary.json").read_text())
+    for point in ("start", "end"):
+        assert tool[point]["episodes"] == 4 and {"accuracy", "runtime_error_rate", "tool_calls_per_episode"} <= set(tool[point])
+    assert pd.read_csv(proj / "reports/tool/train_curve.csv")["step"].tolist() == [1, 2]
     for stage in ("rl", "rl_baseline"):
         curve = pd.read_csv(proj / "reports" / stage / "learning_curve.csv")
         assert curve["step"].tolist() == [0, 1, 2] and curve["accuracy"].between(0, 1).all(), stage
@@ -129,11 +137,14 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
     assert {"merged.average", "merged.world_test.accuracy"} <= set(parents[0].data.metrics)
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
     assert set(children) == {"world", "mini_benchmarks", "validate", "curate", "teachers", "sft", "rollouts",
-                             "disc_pretrain", "rl", "rl_baseline", "merge", "agent_sft", "agent_rl", "evaluate",
-                             "promote"}
+                             "disc_pretrain", "rl", "rl_baseline", "merge", "agent_sft", "agent_rl", "tool_sft",
+                             "tool_rl", "evaluate", "promote"}
     agent_metrics = client.get_run(children["agent_rl"].info.run_id).data.metrics
     assert {"success_rate", "format_error_rate", "entropy", "kl_merged", "merge_s", "start.success_rate",
             "end.success_rate"} <= set(agent_metrics)
+    tool_metrics = client.get_run(children["tool_rl"].info.run_id).data.metrics
+    assert {"accuracy", "tool_calls_per_episode", "runtime_error_rate", "shaping_reward_mean", "turns_per_episode",
+            "start.accuracy", "end.runtime_error_rate"} <= set(tool_metrics)
     assert [m.step for m in client.get_metric_history(children["rl"].info.run_id, "val_accuracy")] == [0, 1, 2]
     sft_loss = client.get_metric_history(children["sft"].info.run_id, "loss")
     assert [m.step for m in sft_loss] == [2, 4]

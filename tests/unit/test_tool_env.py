@@ -298,6 +298,44 @@ def test_expert_texts(sandbox):
     assert len(no_tool) == 1 and extract_code(no_tool[0][1]) is None
 
 
+def test_slip_episodes_fail_then_fix_the_import(sandbox):
+    for kind in ("count", "arithmetic"):
+        params = ToolParams(kinds=(kind,))
+        seed = next(s for s in range(1000) if draw_question(params, s).op == "product")
+        turns = expert_episode(params, seed, sandbox, slip=True)
+        env = ToolEnv(params, sandbox)
+        env.reset(seed)
+        values = ", ".join(str(v) for v in env.state.operands)
+        assert len(turns) == 3, kind
+        assert extract_code(turns[0][1]) == f"print(math.prod([{values}]))"
+        assert turns[1][0].role == "tool" and "NameError" in turns[1][0].text
+        assert extract_code(turns[1][1]) == f"import math\nprint(math.prod([{values}]))"
+        assert extract_boxed(turns[2][1]) == str(env.answer) == turns[2][0].text.strip()
+        # replayed, the slip costs exactly one tool-error penalty
+        total = sum(env.step(text).reward for _, text in turns)
+        assert total == pytest.approx(params.correct_reward + params.tool_error_penalty) and env.success
+    # a slip only happens on product questions, and only with a second tool call to fix it in
+    params = ToolParams(kinds=("arithmetic",))
+    other = next(s for s in range(1000) if draw_question(params, s).op != "product")
+    assert expert_episode(params, other, sandbox, slip=True) == expert_episode(params, other, sandbox)
+    one_call = ToolParams(kinds=("count",), max_tool_calls=1)
+    assert len(expert_episode(one_call, 3, sandbox, slip=True)) == 2
+
+
+def test_solver_slips_share_is_per_seed(monkeypatch, sandbox):
+    from protege.config import ToolConfig
+    from protege.rl import games
+
+    def slipped(share, n):
+        cfg = ToolConfig(task={"kinds": ["count"]}, solver_slips=share)
+        return [len(turns) == 3 for turns in games.expert_episodes(cfg, 64, n)]
+
+    assert not any(slipped(0.0, 12)) and all(slipped(1.0, 12))
+    half = slipped(0.5, 40)
+    assert 8 <= sum(half) <= 32
+    assert slipped(0.5, 12) == half[:12]  # an episode's slip does not depend on how many are drawn
+
+
 def test_solver_raises_when_the_sandbox_lies():
     params = ToolParams(kinds=("arithmetic",))
     with pytest.raises(RuntimeError, match="solver failed"):
