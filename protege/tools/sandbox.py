@@ -522,15 +522,7 @@ class Sandbox:
                 wait = (grace_end if exited else deadline) - now
                 if pidfd is None and not exited:
                     wait = min(wait, 0.02)
-                for key, _ in sel.select(max(wait, 0)):
-                    if key.data is None:
-                        sel.unregister(key.fd)
-                        continue
-                    chunk = os.read(key.fd, 65536)
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                        continue
-                    dropped += self._keep(key.data, chunk, key.data is err)
+                dropped += self._read_ready(sel, max(wait, 0), err)
                 if dropped > max(DRAIN_BYTES, 16 * lim.output_bytes) and not exited:
                     killed = "output"
                     break
@@ -547,15 +539,7 @@ class Sandbox:
             # what was written before a kill is still in the pipes
             end = time.monotonic() + 0.5
             while sel.get_map() and time.monotonic() < end:
-                for key, _ in sel.select(max(end - time.monotonic(), 0)):
-                    if key.data is None:
-                        sel.unregister(key.fd)
-                        continue
-                    chunk = os.read(key.fd, 65536)
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                    else:
-                        dropped += self._keep(key.data, chunk, key.data is err)
+                dropped += self._read_ready(sel, max(end - time.monotonic(), 0), err)
         finally:
             if proc.returncode is None:
                 self._kill_tree(proc, cgroup)
@@ -571,6 +555,21 @@ class Sandbox:
         stderr = err.decode("utf-8", "replace")
         limit = self._limit(killed, code, stderr, dropped > 0, hits, ms)
         return Outcome(stdout, stderr, None if killed == "timeout" else code, limit, ms, self.isolation)
+
+    def _read_ready(self, sel: selectors.BaseSelector, timeout: float, err: bytearray) -> int:
+        """One select round: reads every ready pipe into its buffer (`_keep`), unregisters closed pipes and the
+        pidfd once it fires (the exit is then seen by the caller's poll); returns the bytes dropped."""
+        dropped = 0
+        for key, _ in sel.select(timeout):
+            if key.data is None:
+                sel.unregister(key.fd)
+                continue
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+            else:
+                dropped += self._keep(key.data, chunk, key.data is err)
+        return dropped
 
     def _keep(self, buf: bytearray, chunk: bytes, tail: bool) -> int:
         """Append within output_bytes (stdout keeps its head, stderr its tail); returns the bytes dropped."""
