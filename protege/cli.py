@@ -349,6 +349,9 @@ def sandbox_run(file: Path = typer.Argument(..., help="a Python file to run"),
                 memory_mb: int = typer.Option(512, "--memory-mb", help="address-space limit, MB"),
                 nproc: int = typer.Option(16, "--nproc", help="processes + threads the program may have"),
                 output_bytes: int = typer.Option(4096, "--output-bytes", help="stdout and stderr kept, each"),
+                file_mb: int = typer.Option(16, "--file-mb", help="largest file the program can write, MB"),
+                disk_mb: int = typer.Option(64, "--disk-mb", help="all the program can write in its folder, MB "
+                                                                  "(bubblewrap only)"),
                 unsafe: bool = typer.Option(False, "--unsafe", help="no isolation (rlimits, clean env and a temp "
                                                                     "dir only): never for untrusted code")) -> None:
     """Run FILE in the sandbox and print the outcome as JSON (stdout, stderr, exit_code, limit, ms,
@@ -359,7 +362,7 @@ def sandbox_run(file: Path = typer.Argument(..., help="a Python file to run"),
         _fail(f"{file}: no such file")
     try:
         limits = Limits(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, nproc=nproc,
-                        output_bytes=output_bytes)
+                        output_bytes=output_bytes, file_mb=file_mb, disk_mb=disk_mb)
         outcome = Sandbox(limits, unsafe=unsafe).run_file(file)
     except (ValueError, SandboxUnavailable, OSError) as exc:
         _fail(str(exc))

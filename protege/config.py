@@ -460,6 +460,8 @@ class SandboxConfig(Section):
     memory_mb: int = Field(512, ge=32, le=1_000_000)
     nproc: int = Field(16, ge=1, le=100_000)
     output_bytes: int = Field(4096, ge=1, le=100_000_000)
+    file_mb: int = Field(16, ge=0, le=1_000_000)      # the largest file it can write
+    disk_mb: int = Field(64, ge=1, le=1_000_000)      # all it can write (its folder is a tmpfs of this size)
     # true runs model code WITHOUT isolation (rlimits and a temp dir only) where bubblewrap is missing
     unsafe: bool = False
 

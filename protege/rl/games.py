@@ -27,7 +27,7 @@ def sandbox_for(cfg: ToolConfig):
 
     s = cfg.sandbox
     return Sandbox(Limits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb, nproc=s.nproc,
-                          output_bytes=s.output_bytes), unsafe=s.unsafe)
+                          output_bytes=s.output_bytes, file_mb=s.file_mb, disk_mb=s.disk_mb), unsafe=s.unsafe)
 
 
 def tool_params(cfg: ToolConfig, image_size: int):

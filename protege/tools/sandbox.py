@@ -1,7 +1,8 @@
 """Runs model-written Python in a throwaway process: this module is a security boundary.
 
-Every execution gets its own process tree, a fresh temporary directory (its cwd and HOME, the only
-writable place, removed afterwards) and these limits (`Limits`):
+Every execution gets its own process tree, a fresh folder (its cwd and HOME, the only writable place,
+removed afterwards: under bubblewrap a tmpfs of `disk_mb` at /sandbox holding the program read-only, in
+unsafe mode a host temp dir) and these limits (`Limits`):
 
 - wall clock: the whole tree is killed at `timeout_s` (`exit_code` None, limit "timeout");
 - RLIMIT_CPU (SIGXCPU at `cpu_s`, SIGKILL a second later), RLIMIT_AS (`memory_mb`), RLIMIT_FSIZE
@@ -14,8 +15,8 @@ writable place, removed afterwards) and these limits (`Limits`):
 
 Isolation (isolation="bubblewrap"): bwrap with new pid, net, ipc, uts and cgroup namespaces, no
 capabilities, `--die-with-parent`, `--new-session`, a cleared environment; the filesystem is /usr and
-the interpreter's installation read-only (its site-packages masked), minimal /proc and /dev, the temp
-dir at /sandbox, and nothing else (no /etc, /home, /root, /work, /tmp). As root, user namespaces are
+the interpreter's installation read-only (its site-packages masked), minimal /proc and /dev, the
+program's tmpfs at /sandbox, and nothing else (no /etc, /home, /root, /work, /tmp). As root, user namespaces are
 NOT unshared (unlike `--unshare-all`): bwrap can only map the sandbox uid to our own uid 0, and a
 capability-less kuid 0 still writes root-owned sysctls; instead the program is dropped with setpriv to
 a real unprivileged uid (nobody, or one uid per concurrent execution under the rlimit cap). As
@@ -81,13 +82,14 @@ class Limits:
     nproc: int = 16               # processes + threads of the program (its main thread counts)
     output_bytes: int = 4096      # stdout and stderr each truncated to this
     file_mb: int = 16             # RLIMIT_FSIZE: largest file the program can write
+    disk_mb: int = 64             # all it can write: its folder is a tmpfs of this size (bubblewrap only)
 
     def __post_init__(self) -> None:
         t = self.timeout_s
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 < t <= 3600:
             raise ValueError(f"Limits.timeout_s must be a number of seconds in (0, 3600], got {t!r}")
         for name, lo, hi in (("cpu_s", 1, 3600), ("memory_mb", 32, 1_000_000), ("nproc", 1, 100_000),
-                             ("output_bytes", 1, 100_000_000), ("file_mb", 0, 1_000_000)):
+                             ("output_bytes", 1, 100_000_000), ("file_mb", 0, 1_000_000), ("disk_mb", 1, 1_000_000)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"Limits.{name} must be an integer in [{lo}, {hi}], got {v!r}")
@@ -472,8 +474,11 @@ class Sandbox:
         for key, value in env.items():
             bwrap += ["--setenv", key, value]
         bwrap += [*caps, *_system_fs_args(), *self._interpreter_fs_args(), "--proc", "/proc", "--dev", "/dev",
-                  "--bind", workdir, INSIDE, "--chdir", INSIDE, "--remount-ro", "/dev", "--remount-ro", "/", "--",
-                  *program]
+                  # the program's folder is a tmpfs of disk_mb (RLIMIT_FSIZE caps one file, not how many), gone
+                  # with the mount namespace; the program file is bound into it read-only
+                  "--perms", "0777", "--size", str(lim.disk_mb << 20), "--tmpfs", INSIDE,
+                  "--ro-bind", os.path.join(workdir, "main.py"), f"{INSIDE}/main.py",
+                  "--chdir", INSIDE, "--remount-ro", "/dev", "--remount-ro", "/", "--", *program]
         return launch + bwrap, env
 
     def _interpreter_fs_args(self) -> list[str]:

@@ -35,8 +35,8 @@ def unsafe_box() -> Sandbox:
 
 def test_default_limits_are_valid():
     lim = Limits()
-    assert (lim.timeout_s, lim.cpu_s, lim.memory_mb, lim.nproc, lim.output_bytes, lim.file_mb) == (5.0, 5, 512, 16,
-                                                                                                  4096, 16)
+    assert (lim.timeout_s, lim.cpu_s, lim.memory_mb, lim.nproc, lim.output_bytes, lim.file_mb, lim.disk_mb) == (
+        5.0, 5, 512, 16, 4096, 16, 64)
 
 
 @pytest.mark.parametrize("field, value", [
@@ -44,6 +44,7 @@ def test_default_limits_are_valid():
     ("timeout_s", 3601), ("timeout_s", "5"), ("timeout_s", True),
     ("cpu_s", 0), ("cpu_s", 1.5), ("cpu_s", 3601), ("memory_mb", 16), ("memory_mb", 2_000_000),
     ("nproc", 0), ("nproc", True), ("output_bytes", 0), ("file_mb", -1), ("file_mb", "16"),
+    ("disk_mb", 0), ("disk_mb", 1.5),
 ])
 def test_bad_limits_name_the_field_and_range(field, value):
     with pytest.raises(ValueError, match=rf"Limits\.{field} must be ") as info:
@@ -245,6 +246,19 @@ def test_cli_runs_a_file_and_prints_json(box, tmp_path):
     got = json.loads(res.stdout)
     assert set(got) == {"stdout", "stderr", "exit_code", "limit", "ms", "isolation"}
     assert got["stdout"] == "hi\n" and got["exit_code"] == 1 and got["isolation"] == "bubblewrap"
+
+
+def test_cli_disk_and_file_limits(box, tmp_path):
+    prog = tmp_path / "p.py"
+    prog.write_text("open('a', 'wb').write(b'x' * (3 << 20))\nopen('b', 'wb').write(b'x' * (3 << 20))\n")
+    res = CliRunner().invoke(app, ["sandbox", "run", str(prog), "--disk-mb", "4"])
+    assert res.exit_code == 0 and "No space left on device" in json.loads(res.stdout)["stderr"]
+    res = CliRunner().invoke(app, ["sandbox", "run", str(prog), "--file-mb", "2"])
+    assert res.exit_code == 0 and "File too large" in json.loads(res.stdout)["stderr"]
+    res = CliRunner().invoke(app, ["sandbox", "run", str(prog)])
+    assert res.exit_code == 0 and json.loads(res.stdout)["exit_code"] == 0
+    res = CliRunner().invoke(app, ["sandbox", "run", str(prog), "--disk-mb", "0"])
+    assert res.exit_code == 2 and "Limits.disk_mb must be an integer in [1, 1000000], got 0" in res.output
 
 
 def test_cli_missing_file(tmp_path):

@@ -22,7 +22,7 @@ from protege.tools.sandbox import Limits, Sandbox, isolation_tool
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "data" / "hostile"
-LIMITS = Limits(timeout_s=2, cpu_s=1, memory_mb=256, nproc=8, output_bytes=4096, file_mb=4)
+LIMITS = Limits(timeout_s=2, cpu_s=1, memory_mb=256, nproc=8, output_bytes=4096, file_mb=4, disk_mb=16)
 MARK = "PWNED_by_sandbox_test"
 SPAWNER = """
 import os, subprocess
@@ -111,7 +111,7 @@ def test_corpus_is_complete():
     assert {p.name for p in CORPUS.glob("*.py")} == {
         "infinite_loop.py", "cpu_burn.py", "fork_bomb.py", "thread_bomb.py", "memory_bomb.py", "huge_output.py",
         "read_outside.py", "write_outside.py", "socket_net.py", "spawn_shell.py", "signal_parent.py",
-        "env_vars.py", "deep_recursion.py", "file_bomb.py"}
+        "env_vars.py", "deep_recursion.py", "file_bomb.py", "disk_bomb.py"}
 
 
 def test_infinite_loop(box, watch):
@@ -226,6 +226,21 @@ def test_deep_recursion(box, watch):
 def test_file_bomb(box, watch):
     o = run_corpus(box, "file_bomb.py")
     assert o.error and o.tool_text() == "Error: OSError: [Errno 27] File too large"
+
+
+def test_disk_bomb(box, watch):
+    """Many files, each under file_mb: the folder's size cap refuses them, and nothing reaches the host's disk."""
+    o = run_corpus(box, "disk_bomb.py")
+    assert o.error and o.tool_text() == "Error: OSError: [Errno 28] No space left on device"
+    assert o.stdout == ""  # refused before it could print a total
+
+
+def test_the_folder_is_writable_up_to_disk_mb(box):
+    o = box.run("import os\n"
+                "for i in range(3):\n"
+                "    open(f'p{i}', 'wb').write(b'x' * (3 << 20))\n"
+                "print(sorted(os.listdir('.')), os.access('main.py', os.W_OK))")
+    assert o.ok and o.stdout.strip() == "['main.py', 'p0', 'p1', 'p2'] False"
 
 
 def test_bombs_at_once(box, cap_holds, watch):
