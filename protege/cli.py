@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from protege.config import ConfigError, load_config
+from protege.tools.sandbox import Limits  # stdlib only: its defaults are the CLI's
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="protege: RL + imitation post-training pipeline.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the configuration.")
@@ -342,21 +343,25 @@ def merge(config: Path = typer.Argument(..., help="a mergekit-style merge YAML (
     typer.echo(f"merged -> {out}")
 
 
+LIMITS = Limits()
+
+
 @sandbox_app.command("run")
 def sandbox_run(file: Path = typer.Argument(..., help="a Python file to run"),
-                timeout_s: float = typer.Option(5.0, "--timeout-s", help="wall-clock limit, seconds"),
-                cpu_s: int = typer.Option(5, "--cpu-s", help="CPU time limit, seconds"),
-                memory_mb: int = typer.Option(512, "--memory-mb", help="address-space limit, MB"),
-                nproc: int = typer.Option(16, "--nproc", help="processes + threads the program may have"),
-                output_bytes: int = typer.Option(4096, "--output-bytes", help="stdout and stderr kept, each"),
-                file_mb: int = typer.Option(16, "--file-mb", help="largest file the program can write, MB"),
-                disk_mb: int = typer.Option(64, "--disk-mb", help="all the program can write in its folder, MB "
-                                                                  "(bubblewrap only)"),
+                timeout_s: float = typer.Option(LIMITS.timeout_s, "--timeout-s", help="wall-clock limit, seconds"),
+                cpu_s: int = typer.Option(LIMITS.cpu_s, "--cpu-s", help="CPU time limit, seconds"),
+                memory_mb: int = typer.Option(LIMITS.memory_mb, "--memory-mb", help="address-space limit, MB"),
+                nproc: int = typer.Option(LIMITS.nproc, "--nproc", help="processes + threads the program may have"),
+                output_bytes: int = typer.Option(LIMITS.output_bytes, "--output-bytes",
+                                                 help="stdout and stderr kept, each"),
+                file_mb: int = typer.Option(LIMITS.file_mb, "--file-mb", help="largest file the program can write, MB"),
+                disk_mb: int = typer.Option(LIMITS.disk_mb, "--disk-mb", help="all the program can write in its "
+                                                                              "folder, MB (bubblewrap only)"),
                 unsafe: bool = typer.Option(False, "--unsafe", help="no isolation (rlimits, clean env and a temp "
                                                                     "dir only): never for untrusted code")) -> None:
     """Run FILE in the sandbox and print the outcome as JSON (stdout, stderr, exit_code, limit, ms,
     isolation); exits 0 whenever the file ran, even if the program failed."""
-    from protege.tools.sandbox import Limits, Sandbox, SandboxUnavailable
+    from protege.tools.sandbox import Sandbox, SandboxUnavailable
 
     if not file.is_file():
         _fail(f"{file}: no such file")

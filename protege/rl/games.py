@@ -25,9 +25,8 @@ def sandbox_for(cfg: ToolConfig):
     `sandbox.unsafe` is set."""
     from protege.tools.sandbox import Limits, Sandbox
 
-    s = cfg.sandbox
-    return Sandbox(Limits(timeout_s=s.timeout_s, cpu_s=s.cpu_s, memory_mb=s.memory_mb, nproc=s.nproc,
-                          output_bytes=s.output_bytes, file_mb=s.file_mb, disk_mb=s.disk_mb), unsafe=s.unsafe)
+    # every configured limit, by name: a field added to both cannot be left behind here
+    return Sandbox(Limits(**cfg.sandbox.model_dump(exclude={"unsafe"})), unsafe=cfg.sandbox.unsafe)
 
 
 def tool_params(cfg: ToolConfig, image_size: int):

@@ -274,3 +274,10 @@ def test_cli_without_bubblewrap(monkeypatch, tmp_path):
     assert res.exit_code == 2 and "apt-get install bubblewrap" in res.output
     res = CliRunner().invoke(app, ["sandbox", "run", str(prog), "--unsafe"])
     assert res.exit_code == 0 and json.loads(res.stdout)["isolation"] == "unsafe"
+
+
+def test_params_sandbox_section_maps_onto_limits():
+    """tool.sandbox's fields are Limits' fields (the trainer passes them by name), with the same defaults."""
+    from protege.config import SandboxConfig
+
+    assert Limits(**SandboxConfig().model_dump(exclude={"unsafe"})) == Limits()

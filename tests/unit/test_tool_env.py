@@ -322,7 +322,7 @@ def test_slip_episodes_fail_then_fix_the_import(sandbox):
     assert len(expert_episode(one_call, 3, sandbox, slip=True)) == 2
 
 
-def test_solver_slips_share_is_per_seed(monkeypatch, sandbox):
+def test_solver_slips_share_is_per_seed(sandbox):
     from protege.config import ToolConfig
     from protege.rl import games
 

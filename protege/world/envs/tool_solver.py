@@ -64,9 +64,8 @@ def solve_turns(env: ToolEnv, slip: bool = False) -> list[tuple[Observation, str
     obs = env.observation()
     turns: list[tuple[Observation, str]] = []
     slipping = slip and can_slip(question, env.params)
-    text = first_turn(question, use_tool=env.params.max_tool_calls > 0)
-    if slipping:
-        text = f"{thought(question)}\n```python\n{slip_program(question)}\n```"
+    text = (f"{thought(question)}\n```python\n{slip_program(question)}\n```" if slipping
+            else first_turn(question, use_tool=env.params.max_tool_calls > 0))
     while True:
         turns.append((obs, text))
         result = env.step(text)
