@@ -28,6 +28,13 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _one_line(exc: Exception) -> str:
+    """An error as the project's one line: an OS error as 'FILE: what went wrong', without errno numbers."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror.lower()}" if exc.filename else exc.strerror.lower()
+    return str(exc)
+
+
 def _config(params: Path):
     try:
         return load_config(params)
@@ -87,7 +94,7 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
             run.log_metrics({"process_startup_s": _process_age_s()})  # imports etc. before the run opened
             module.run(cfg, root, run)
     except (UserFacingError, FileNotFoundError, FloatingPointError) as exc:
-        _fail(f"{name}: {exc}", code=1)
+        _fail(f"{name}: {_one_line(exc)}", code=1)
 
 
 def _process_age_s() -> float:

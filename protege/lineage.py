@@ -117,8 +117,15 @@ def teacher_index_sha256(root: Path) -> str:
     return h.hexdigest()
 
 
+# DVC's records of data (the lock and .dvc pointer files) change with every run; lineage holds their
+# hashes itself, so they never make the code "dirty"
+NOT_CODE = (":(exclude,glob)**/dvc.lock", ":(exclude,glob)**/*.dvc")
+
+
 def git_state(root: Path) -> dict[str, Any] | None:
-    """HEAD and whether tracked or untracked files differ from it; None outside a git work tree."""
+    """HEAD and whether tracked files (code, params) differ from it; None outside a git work tree.
+    Untracked files do not count: after a run they are the outputs (DVC writes `.gitignore` files
+    beside them) and, where it is not committed, dvc.lock."""
     def git(*args: str) -> str | None:
         try:
             proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60)
@@ -129,7 +136,8 @@ def git_state(root: Path) -> dict[str, Any] | None:
     if git("rev-parse", "--show-toplevel") is None:
         return None
     commit = git("rev-parse", "HEAD")
-    changed = [line[3:] for line in (git("status", "--porcelain") or "").splitlines() if line.strip()]
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", *NOT_CODE) or ""
+    changed = [line[3:] for line in status.splitlines() if line.strip()]
     return {"commit": commit.strip() if commit else None, "dirty": bool(changed), "changed": changed[:50]}
 
 

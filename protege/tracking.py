@@ -60,24 +60,71 @@ def dvc_digest(project_dir: Path, path: str | Path) -> str | None:
     return None
 
 
-def stat_digest(path: Path) -> str:
-    """Cheap identity of a file or folder without a DVC lock entry: names, sizes and mtimes."""
-    if not path.exists():
-        return "absent"
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    h = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.relative_to(path) if path.is_dir() else f.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:16]
+def input_digest(project_dir: Path, path: str | Path) -> str:
+    """Identity of a file or folder a run starts from, by content only: DVC's md5 when the lock records
+    `path` itself, else the per-file md5 in the manifest of the DVC folder output that holds it, else the
+    md5 of its bytes. Never mtimes or absolute paths: a copy, a checkout, `dvc pull` or `dvc exp run --temp`
+    changes those, and a run that resumes must recognise its inputs there too."""
+    root = Path(project_dir)
+    found = dvc_digest(root, path) or _manifest_md5(root, Path(path))
+    if found:
+        return found
+    return content_md5(root / path) if (root / path).exists() else "absent"
 
 
-def _content_digest(path: Path) -> str:
+def _manifest_md5(root: Path, path: Path) -> str | None:
+    """The md5 DVC's directory manifest records for a file inside a folder output (None when the lock has
+    no such folder, or its manifest is not in this project's cache, as before a `dvc pull`)."""
+    lock = root / "dvc.lock"
+    if not lock.exists():
+        return None
+    rel = path.as_posix()
+    for stage in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
+        for out in stage.get("outs", []):
+            folder, md5 = out.get("path", ""), out.get("md5", "")
+            if not (md5.endswith(".dir") and rel.startswith(folder.rstrip("/") + "/")):
+                continue
+            manifest = _dvc_cache(root) / "files" / "md5" / md5[:2] / md5[2:]
+            if not manifest.is_file():
+                return None
+            inner = rel[len(folder.rstrip("/")) + 1:]
+            for entry in json.loads(manifest.read_text()):
+                if entry.get("relpath") == inner:
+                    return entry.get("md5")
+            return None
+    return None
+
+
+def _dvc_cache(root: Path) -> Path:
+    """The project's DVC cache folder: `dir` under `[cache]` in .dvc/config (relative to .dvc/), or
+    .dvc/cache."""
+    config, section = root / ".dvc" / "config", None
+    for line in (config.read_text().splitlines() if config.exists() else []):
+        line = line.strip()
+        if line.startswith("["):
+            section = line.strip("[]").strip().strip("'\"")
+        elif section == "cache" and line.split("=")[0].strip() == "dir" and "=" in line:
+            return (root / ".dvc" / line.split("=", 1)[1].strip()).resolve()
+    return root / ".dvc" / "cache"
+
+
+def content_md5(path: Path) -> str:
+    """md5 of a file's bytes (what DVC 3 records for a file); for a folder, of its files' relative paths
+    and bytes in sorted order."""
+    path = Path(path)
+    if path.is_file():
+        return _file_md5(path)
     h = hashlib.md5()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for f in files:
-        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
-        h.update(f.read_bytes())
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f.relative_to(path).as_posix().encode() + b"\0" + _file_md5(f).encode() + b"\0")
+    return h.hexdigest()
+
+
+def _file_md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
     return h.hexdigest()
 
 
@@ -102,7 +149,7 @@ class StageRun:
         from mlflow.data.meta_dataset import MetaDataset
 
         path = Path(path)
-        digest = dvc_digest(self.project_dir, path) or _content_digest(self.project_dir / path)
+        digest = input_digest(self.project_dir, path)
         with warnings.catch_warnings():  # MLflow registers the local source twice and warns about it
             warnings.simplefilter("ignore", UserWarning)
             source = resolve_dataset_source(str((self.project_dir / path).resolve()))

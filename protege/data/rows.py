@@ -7,6 +7,7 @@ questions about several images), difficulty.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,24 +29,50 @@ class Row:
     image: Image.Image | list[Image.Image]  # one image, or the list of a question's images in order
 
 
-def read_parquet_table(path: str | Path, required: tuple[str, ...], what: str = "dataset") -> pd.DataFrame:
-    """A parquet table a stage reads; UserFacingError naming the file for a missing file, a folder,
-    bytes that are not parquet, or a missing column."""
+_ERRNO = re.compile(r"^\[Errno \d+\]\s*")
+
+
+def _reason(exc: Exception) -> str:
+    """An exception's first line, without errno numbers or the file name the message already leads with."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    first = _ERRNO.sub("", str(exc).splitlines()[0] if str(exc) else "")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def check_parquet_table(path: str | Path, required: tuple[str, ...], what: str = "dataset",
+                        shown: str | Path | None = None) -> None:
+    """UserFacingError naming the file (as `shown`, e.g. relative to the project), the table it should be
+    and what was expected, for a missing file, a folder, bytes that are not parquet, or a missing column.
+    Reads only the parquet footer."""
+    import pyarrow.parquet as pq
+
     path = Path(path)
+    name = shown if shown is not None else path
+    expected = f"a parquet table with columns {list(required)}"
     if not path.exists():
-        raise UserFacingError(f"{path}: {what} file not found")
+        raise UserFacingError(f"{name}: {what} file not found; expected {expected}")
     if path.is_dir():
-        raise UserFacingError(f"{path}: is a folder; expected a {what} parquet file")
+        raise UserFacingError(f"{name}: is a folder; expected the {what} as {expected}")
     try:
-        df = pd.read_parquet(path)
+        columns = pq.read_schema(path).names
     except Exception as exc:  # pyarrow raises several types for bytes that are not parquet
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise UserFacingError(f"{path}: not a readable parquet file ({type(exc).__name__}: {first}); "
-                              f"expected the {what} table") from None
-    missing = [c for c in required if c not in df.columns]
+        raise UserFacingError(f"{name}: not a readable parquet file ({_reason(exc)}); expected the {what} table, "
+                              f"{expected}") from None
+    missing = [c for c in required if c not in columns]
     if missing:
-        raise UserFacingError(f"{path}: missing column(s) {missing}; the {what} table needs {list(required)}")
-    return df
+        raise UserFacingError(f"{name}: missing column(s) {missing}; the {what} table needs {list(required)}")
+
+
+def read_parquet_table(path: str | Path, required: tuple[str, ...], what: str = "dataset",
+                       shown: str | Path | None = None) -> pd.DataFrame:
+    """A parquet table a stage reads, checked first by `check_parquet_table`."""
+    check_parquet_table(path, required, what, shown)
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # a footer that parses over pages that do not
+        raise UserFacingError(f"{shown if shown is not None else path}: not a readable parquet file "
+                              f"({_reason(exc)}); expected the {what} table") from None
 
 
 def read_table(path: str | Path) -> pd.DataFrame:

@@ -336,15 +336,35 @@ def _read_tsv(name: str, path: Path) -> list[_Row]:
     return rows
 
 
+# an index, not base64: an encoded image is never a short run of digits (PNG starts "iVBOR", JPEG "/9j/")
+_POINTER = re.compile(r"-?\d{1,20}")
+
+
+def _follow_image_pointer(image: str, by_index: dict) -> tuple[str, str]:
+    """VLMEvalKit stores a repeated image once and puts the index of the row that holds it in the copies'
+    cells: (the image the cell stands for, "" or why it stands for none)."""
+    seen: list[str] = []
+    s = image.strip()
+    while 0 < len(s) <= 64 and (s in by_index or _POINTER.fullmatch(s)):
+        if s not in by_index:
+            head = f"refers to index {seen[0]}, whose image refers to index {s}" if seen else f"refers to index {s}"
+            return "", f"its image {head}, which is not in the file"
+        target = by_index[s].strip()
+        if target == s:  # a row pointing at itself holds no image
+            return "", f"its image refers to index {s}, whose row holds no image of its own"
+        if s in seen:
+            return "", f"its image refers to index {seen[0]}, and the pointers from there run in a circle"
+        seen.append(s)
+        image, s = by_index[s], target
+    return image, ""
+
+
 def _tsv_row(name: str, rec: dict, n: int, source: str, by_index: dict) -> _Row:
     def get(column: str) -> str:
         return rec.get(column, "") or ""
 
     index = get("index").strip()
-    image = get("image")
-    s = image.strip()
-    if 0 < len(s) <= 64 and s in by_index and by_index[s].strip() != s:
-        image = by_index[s]  # VLMEvalKit stores a repeated image once and points the copies at its row
+    image, pointer_problem = _follow_image_pointer(get("image"), by_index)
     listed = _literal_list(image) if image.lstrip().startswith("[") else None
     raw_images = listed if listed is not None else ([image] if image.strip() else [])
     options = {L: get(L) for L in LETTERS if get(L).strip()}
@@ -355,6 +375,8 @@ def _tsv_row(name: str, rec: dict, n: int, source: str, by_index: dict) -> _Row:
     if get("split"):
         item.meta["split"] = get("split")
     row = _Row(item, raw_images)
+    if pointer_problem:
+        row.raw_images, row.problems = [], [("image", pointer_problem)]
     if name == "mathvista":
         # a TSV may list the choices in the option columns instead of a `choices` literal
         choices = get("choices") or (list(options.values()) if options else "")
@@ -709,7 +731,7 @@ def _validate(name: str, path: Path, rows: list[_Row]) -> list[BenchItem]:
             problems.add("no_index", item.row, item.index)
         if not str(item.answer).strip() and not any(k in ("answer", "choice") for k, _ in row.problems):
             problems.add("gold", item.row, item.index)
-        if not row.raw_images:
+        if not row.raw_images and not any(k == "image" for k, _ in row.problems):
             problems.add("image", item.row, item.index, f"no image in column '{row.image_column}'")
         for k, raw in enumerate(row.raw_images):
             key = raw if isinstance(raw, (str, bytes)) else None

@@ -3,7 +3,8 @@
 The RL reward and the world accuracy both read answers through here, so a policy must not be able to
 talk its way into credit. A careful grader's reading, as rules:
 
-1. Text that asserts nothing is dropped: URLs and struck-through text (~~x~~, <s>, <del>, <strike>).
+1. Text that asserts nothing is dropped: URLs and struck-through text (~~x~~, <s>, <del>, <strike>, and
+   characters under a combining overlay such as U+0336 or U+0338: "B̸" is a struck-out B).
 2. A refusal ("I don't know", "cannot tell", "无法", ...) earns nothing, whatever it mentions.
 3. If the response states its answer explicitly ("the answer is", "Answer:", "final answer", "答案是"),
    only the text after each such marker, up to the end of its sentence, counts.
@@ -21,6 +22,7 @@ So listing every option, or every plausible value, never earns more than answeri
 from __future__ import annotations
 
 import re
+import unicodedata
 
 NUMBER_WORDS = {"zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
                 "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
@@ -61,9 +63,37 @@ def _as_number(text: str) -> float | None:
         return None
 
 
+# Unicode's canonical combining class 1 is "overlay" (U+0334-U+0338, U+20D2, U+20E5, ...): a mark drawn
+# through its base character, which is how plain text strikes a character out
+_OVERLAY = 1
+
+
+def _drop_overlaid(text: str) -> str:
+    """Each character carrying an overlay mark, with all its marks, becomes a space."""
+    if not any(unicodedata.combining(ch) == _OVERLAY for ch in text):
+        return text
+    out: list[str] = []
+    cluster: list[str] = []
+
+    def flush() -> None:
+        struck = any(unicodedata.combining(ch) == _OVERLAY for ch in cluster[1:])
+        out.append(" " if struck else "".join(cluster))
+
+    for ch in text:
+        if cluster and unicodedata.combining(ch):
+            cluster.append(ch)
+            continue
+        if cluster:
+            flush()
+        cluster = [ch]
+    if cluster:
+        flush()
+    return "".join(out)
+
+
 def strip_unasserted(text: str) -> str:
     """The text without URLs and struck-through parts, the Unicode minus read as '-'."""
-    return _NOT_ASSERTED.sub(" ", text).replace("\u2212", "-")
+    return _NOT_ASSERTED.sub(" ", _drop_overlaid(text)).replace("\u2212", "-")
 
 
 def is_refusal(text: str) -> bool:

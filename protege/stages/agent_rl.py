@@ -4,19 +4,17 @@ merged teacher), with bootstrap CIs, in reports/agent/summary.json; resumable li
 `run_game(cfg, cfg.tool, ...)` / `train(..., game="tool")` is the same recipe on the tool environment (tool_rl)."""
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from protege import tracking
 from protege.config import Config
 from protege.eval.agent import evaluate_agent
 from protege.models.student import load_student
 from protege.rl.agent_loop import agent_fingerprint, run_agent_rl
 from protege.rl.games import is_tool
-from protege.stages.common import say, step_logger, write_stage_metrics
+from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.games import GAMES, GameLayout
 from protege.train.runtime.run_folder import drop_previous, prepare_out_dir
 
@@ -48,8 +46,7 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
                     **{f"gtr.{k}": v for k, v in a.rl.gtr.model_dump().items()},
                     **{f"gtpo.{k}": v for k, v in a.rl.gtpo.model_dump().items()}}, f"{game}.rl.")
     mlrun.log_input(layout.sft_model, context="init")
-    digest = tracking.dvc_digest(root, layout.sft_model) or tracking.stat_digest(root / layout.sft_model)
-    digest = hashlib.sha256(json.dumps(digest).encode()).hexdigest()[:16]
+    digest = inputs_digest(root, [layout.sft_model])
     out = root / layout.rl_dir
     resumed = prepare_out_dir(out, agent_fingerprint(a, cfg.seed, digest), a.rl.steps)
     policy, processor = load_student(root / layout.sft_model)

@@ -31,9 +31,9 @@ QuietRun = tracking.QuietRun  # the stages that train pick it for ranks > 0 them
 
 
 def inputs_digest(root: Path, rels: list) -> str:
-    """Identifies the files a training run starts from by DVC's hash, or outside DVC by names, sizes and
-    mtimes, without reading them: a resume state from other inputs is not resumed."""
-    parts = [tracking.dvc_digest(root, rel) or tracking.stat_digest(root / rel) for rel in rels]
+    """Identifies the files a training run starts from by content (`tracking.input_digest`): a resume state
+    from other inputs is not resumed, and one in a copied or re-cloned project is."""
+    parts = [tracking.input_digest(root, rel) for rel in rels]
     return hashlib.sha256(json.dumps([str(r) for r in rels] + parts).encode()).hexdigest()[:16]
 
 

@@ -8,14 +8,11 @@ every rl.eval_every steps) goes to MLflow and to reports/rl/learning_curve.csv (
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
-from protege import tracking
 from protege.config import Config
 from protege.data.rows import Row, load_rows, read_parquet_table
 from protege.eval.accuracy import evaluate_rows
@@ -31,7 +28,7 @@ from protege.paths import (
 )
 from protege.rewards.llm_judge import LLMJudge
 from protege.rl.loop import RLInputs, fingerprint, run_rl
-from protege.stages.common import say, step_logger, write_stage_metrics
+from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
 from protege.teachers.factory import build_teacher
 from protege.train.runtime.distributed import world
 from protege.train.runtime.run_folder import drop_previous, prepare_out_dir
@@ -40,13 +37,10 @@ STATE = "state"
 CURVE = Path("reports/rl/learning_curve.csv")  # DVC plots: step, accuracy, one column per question kind
 
 
-def inputs_digest(root: Path, ril: bool) -> str:
-    """Identifies the files an RL run starts from (SFT weights, curated questions, the val split of its
-    learning curve, and for RIL the teacher answers and discriminator) by DVC's hash, or by names, sizes
-    and mtimes outside DVC, without reading the weights: a resume state from other inputs is not resumed."""
-    rels = [SFT_MODEL, CURATED_RL, SPLIT_TABLES["val"]] + ([TEACHER_ANSWERS, DISCRIMINATOR] if ril else [])
-    parts = [tracking.dvc_digest(root, rel) or tracking.stat_digest(root / rel) for rel in rels]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+def input_files(ril: bool) -> list[Path]:
+    """The files an RL run starts from: SFT weights, curated questions, the val split of its learning curve,
+    and for RIL the teacher answers and discriminator."""
+    return [SFT_MODEL, CURATED_RL, SPLIT_TABLES["val"]] + ([TEACHER_ANSWERS, DISCRIMINATOR] if ril else [])
 
 
 def teacher_answers(root: Path) -> dict[str, list[tuple[str, str]]]:
@@ -134,7 +128,7 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     policy, processor = load_student(root / SFT_MODEL)
     ref, _ = load_student(root / SFT_MODEL)
     out = root / out_rel
-    digest = inputs_digest(root, ril)
+    digest = inputs_digest(root, input_files(ril))
     resumed = prepare_out_dir(out, fingerprint(c, cfg.seed, digest), c.steps)
     judge = None
     if c.judge == "llm":

@@ -78,6 +78,10 @@ def run(cfg: Config, root: Path, run) -> None:
         say("teachers", f"{spec.name}: {m['answers']} cached ({m['requested']} requested now, {m['failures']} failed), "
                         f"dropped {m['dropped_over_cap']} over the {cfg.curate.max_teacher_tokens}-token cap and "
                         f"{m['dropped_truncated']} cut off")
+    if cache.recovered:
+        metrics["recovered_cache_files"] = len(cache.recovered)
+        say("teachers", f"the cache was repaired ({len(cache.recovered)} file(s), listed above): what it lost "
+                        "was asked again")
     run.log_metrics(metrics)
     if incomplete:  # after logging: what was received stays cached, and the stage fails with the count
         raise UserFacingError("\n".join(incomplete))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from protege.config import Config
+from protege.data.rows import REQUIRED_COLUMNS, check_parquet_table
 from protege.data.validate import DatasetInvalid, summary_frame, validate_tables
 from protege.paths import SPLIT_TABLES, VALIDATION_REPORT
 from protege.stages.common import say
@@ -13,6 +14,8 @@ def run(cfg: Config, root: Path, run) -> None:
     import json
 
     tables = [root / p for p in SPLIT_TABLES.values()]
+    for split, rel in SPLIT_TABLES.items():  # each table readable, with its columns, before anything is logged
+        check_parquet_table(root / rel, REQUIRED_COLUMNS, what=f"'{split}' split", shown=rel)
     for rel in SPLIT_TABLES.values():
         run.log_input(rel, context="validate")
     report, failures = validate_tables(tables)

@@ -114,7 +114,7 @@ def check_upstream(study: Study, runs: list[RunSpec] | None = None) -> None:
 
 
 def upstream_digest(project: Path, task: str = "qa") -> str:
-    parts = {str(rel): tracking.dvc_digest(project, rel) or tracking.stat_digest(project / rel) for rel in UPSTREAM
+    parts = {str(rel): tracking.input_digest(project, rel) for rel in UPSTREAM
              if TASK_UPSTREAM.get(rel, task) == task}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 

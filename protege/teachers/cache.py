@@ -98,11 +98,40 @@ def _read_own_shard(path: Path, teacher: str) -> pd.DataFrame:
     return df
 
 
+SHOW_ANSWERS = 5
+
+
+def _answers_in(shard: Path) -> pd.DataFrame | None:
+    """The keys and question/sample of each answer a rejected shard held, when its rows can still be read."""
+    try:
+        return pd.read_parquet(shard, columns=["key", "question_id", "sample_index"])
+    except Exception:  # noqa: BLE001 -- torn or foreign bytes: which answers it held is unknown
+        return None
+
+
+def _quarantine_line(shard: Path, moved_to: Path, why: str, held: pd.DataFrame | None, kept: set) -> str:
+    if held is None:
+        again = "the answers it held (unreadable) will be asked again"
+    else:
+        lost = held[~held["key"].astype(str).isin(kept)]
+        names = [f"{q} sample {i}" for q, i in zip(lost["question_id"].astype(str), lost["sample_index"].astype(str))]
+        more = f" and {len(names) - SHOW_ANSWERS} more" if len(names) > SHOW_ANSWERS else ""
+        again = (f"{len(names)} answer(s) will be asked again: " + ", ".join(names[:SHOW_ANSWERS]) + more
+                 if names else "every answer it held is in another shard")
+    return f"teacher cache: {shard} rejected ({why}); moved to {moved_to}; {again}"
+
+
 class TeacherCache:
     def __init__(self, root: Path, flush_every: int = 128):
         self.root = Path(root)
         self.flush_every = flush_every
         self.root.mkdir(parents=True, exist_ok=True)
+        # one line per shard this cache moved to corrupt/ or index it rebuilt, for the stage's report
+        self.recovered: list[str] = []
+
+    def _report(self, line: str) -> None:
+        self.recovered.append(line)
+        print(line)
 
     def folder(self, teacher: str) -> Path:
         return self.root / teacher
@@ -113,6 +142,10 @@ class TeacherCache:
         that prove they were written by this cache)."""
         p = self.folder(teacher) / INDEX
         if not p.exists():
+            if any(self.folder(teacher).glob("*.parquet")):
+                self._report(f"teacher cache: {p} is missing; rebuilding it from the shards that prove they are "
+                             "the cache's own")
+                return {"shards": {}, "rebuilt": True}
             return {"shards": {}}
         try:
             index = json.loads(p.read_text(encoding="utf-8"))
@@ -123,7 +156,8 @@ class TeacherCache:
                 raise ValueError("'shards' is not a map of shard-NNNNNN.parquet -> {sha256, rows}")
             return {"shards": dict(shards)}
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            print(f"teacher cache: {p} is malformed ({type(exc).__name__}: {exc}); rebuilding it from the shards")
+            self._report(f"teacher cache: {p} is malformed ({type(exc).__name__}: {exc}); rebuilding it from the "
+                         "shards")
             return {"shards": {}, "rebuilt": True}
 
     def _write_index(self, teacher: str, index: dict) -> None:
@@ -137,7 +171,7 @@ class TeacherCache:
         index = self._index(teacher)
         for stale in folder.glob(".*.tmp"):  # a write killed before its rename: never part of the cache
             stale.unlink()
-        frames, changed = [], bool(index.pop("rebuilt", False))
+        frames, changed, rejected = [], bool(index.pop("rebuilt", False)), []
         for shard in sorted(folder.glob("*.parquet")):
             entry = index["shards"].get(shard.name)
             digest = file_sha256(shard)
@@ -153,12 +187,13 @@ class TeacherCache:
                 else:  # not in the index: adopted only if it proves it is one of ours, unedited
                     df = _read_own_shard(shard, teacher)
             except Exception as exc:  # torn, truncated, edited or foreign: its keys will be asked again
+                held = _answers_in(shard)
                 (folder / "corrupt").mkdir(exist_ok=True)
-                os.replace(shard, folder / "corrupt" / shard.name)
+                moved_to = folder / "corrupt" / shard.name
+                os.replace(shard, moved_to)
                 index["shards"].pop(shard.name, None)
                 changed = True
-                print(f"teacher cache: {shard} rejected ({exc}); moved to {folder / 'corrupt'}, its keys will be "
-                      "requested again")
+                rejected.append((shard, moved_to, str(exc), held))
                 continue
             if entry is None:
                 index["shards"][shard.name] = {"sha256": digest, "rows": len(df)}
@@ -170,6 +205,9 @@ class TeacherCache:
                 changed = True
         if changed:
             self._write_index(teacher, index)
+        kept = {str(k) for f in frames for k in f["key"]}
+        for shard, moved_to, why, held in rejected:
+            self._report(_quarantine_line(shard, moved_to, why, held, kept))
         if not frames:
             return pd.DataFrame(columns=COLUMNS)
         return pd.concat(frames, ignore_index=True).drop_duplicates("key", keep="first").reset_index(drop=True)

@@ -45,7 +45,15 @@ CASES = {
     "empty_index": ("ai2d", tsv([mc(index="")]), GOOD_PREDS, "bench.tsv", "expected a non-empty index: row 1"),
     "duplicate_index": ("ai2d", tsv([mc(), mc()]), GOOD_PREDS, "bench.tsv", "row 1 (index 1): also on row(s) 2"),
     "pointer_to_missing_row": ("ai2d", tsv([mc(image="7")]), GOOD_PREDS, "bench.tsv",
-                               "refers to the image of index 7, which is not in the file"),
+                               "row 1 (index 1): its image refers to index 7, which is not in the file"),
+    # "1234" is also valid base64 (of 3 bytes that are no image): still read as the index it is
+    "pointer_that_is_base64": ("ai2d", tsv([mc(), mc(index="2", image="1234")]), GOOD_PREDS, "bench.tsv",
+                               "row 2 (index 2): its image refers to index 1234, which is not in the file"),
+    "pointer_chain_to_missing_row": ("ai2d", tsv([mc(image="2"), mc(index="2", image="99")]), GOOD_PREDS,
+                                     "bench.tsv", "row 1 (index 1): its image refers to index 2, whose image "
+                                                  "refers to index 99, which is not in the file"),
+    "pointer_cycle": ("ai2d", tsv([mc(image="2"), mc(index="2", image="1")]), GOOD_PREDS, "bench.tsv",
+                      "the pointers from there run in a circle"),
     "image_not_decodable": ("ai2d", tsv([mc(image=base64.b64encode(b"x" * 80).decode())]), GOOD_PREDS,
                             "bench.tsv", "column 'image'"),
     "missing_column": ("ai2d", b"index\tquestion\tanswer\n1\tQ\tA\n", GOOD_PREDS, "bench.tsv", "image"),

@@ -26,12 +26,19 @@ def broken_world(project: Path, case: str) -> Path:
     elif case == "folder":
         bad.unlink()
         bad.mkdir()
+    elif case == "missing":
+        bad.unlink()
     return bad
 
 
-@pytest.mark.parametrize("case, why", [("not_parquet", "not a readable parquet file"),
-                                       ("missing_column", "missing column(s) ['image']"),
-                                       ("folder", "is a folder")])
+# each message names the split table as the project knows it, and what was expected of it
+@pytest.mark.parametrize("case, why", [
+    ("not_parquet", "data/world/rl.parquet: not a readable parquet file (ArrowInvalid: "),
+    ("missing_column", "data/world/rl.parquet: missing column(s) ['image']; the 'rl' split table needs "
+                       "['id', 'question', 'answer', 'image']"),
+    ("folder", "data/world/rl.parquet: is a folder; expected the 'rl' split as a parquet table"),
+    ("missing", "data/world/rl.parquet: 'rl' split file not found; expected a parquet table with columns "
+                "['id', 'question', 'answer', 'image']")])
 def test_validate_stage_names_the_broken_table(tmp_path, case, why):
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     broken_world(tmp_path, case)
@@ -42,4 +49,5 @@ def test_validate_stage_names_the_broken_table(tmp_path, case, why):
     finally:
         os.chdir(old)
     assert res.exit_code == 1, res.output
-    assert "rl.parquet" in res.output and why in res.output and "Traceback" not in res.output, res.output
+    assert why in res.output and "Traceback" not in res.output and "Errno" not in res.output, res.output
+    assert len(res.output.strip().splitlines()[-1]) > 0 and not (tmp_path / "reports" / "validation.json").exists()

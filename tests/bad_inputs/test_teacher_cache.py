@@ -58,7 +58,13 @@ def test_edited_answer_with_the_index_deleted_is_not_kept(filled, capsys):
     pq.write_table(pa_table_with(df, table.schema.metadata), shard)   # metadata copied, answer edited
     (folder / "index.json").unlink()
     assert len(cache.load("concise")) == 3
-    assert "its answers differ from what the cache wrote (edited)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{folder / 'index.json'} is missing; rebuilding it" in out
+    assert "its answers differ from what the cache wrote (edited)" in out
+    # the shard, where it went, and which answers are asked again
+    assert (f"{shard} rejected" in out and f"moved to {folder / 'corrupt' / 'shard-000001.parquet'}" in out
+            and "3 answer(s) will be asked again: q3 sample 0, q4 sample 0, q5 sample 0" in out), out
+    assert len(cache.recovered) == 2
     teacher = Counting("concise", 0.0, 0)
     assert cache.fill(teacher, requests(6))["requested"] == 3 and teacher.asked == 3
 

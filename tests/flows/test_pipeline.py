@@ -232,6 +232,23 @@ def push_then_pull_into_a_fresh_clone(proj: Path, tmp_path: Path) -> None:
     for rel in ("models/merged/model.safetensors", "data/world/train.parquet", "data/teacher_answers.parquet"):
         assert (fresh / rel).read_bytes() == (proj / rel).read_bytes(), rel
     assert "up to date" in dvc(fresh, "status")
+    resumes_in(fresh)
+
+
+def resumes_in(clone: Path) -> None:
+    """A finished rl run resumes in a re-cloned project, whose files all have new mtimes: one more step is
+    one more checkpoint, not a restart from step 0."""
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    done = params["rl"]["steps"]
+    params["rl"]["steps"] = done + 1
+    (clone / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = subprocess.run([str(Path(sys.executable).parent / "protege"), "stage", "rl"], cwd=clone,
+                          env=project_env(clone), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"resuming after step {done}" in proc.stdout + proc.stderr
+    summary = json.loads((clone / "reports/stages/rl.json").read_text())
+    assert summary["resumed_after_step"] == done
+    assert (clone / f"models/rl/step-{done + 1:05d}/model.safetensors").exists()
 
 
 def cached_outs(proj: Path) -> list[str]:

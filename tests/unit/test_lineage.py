@@ -257,3 +257,25 @@ def test_tag_keys_fall_back_to_a_digest_for_odd_paths():
     assert tracking.tag_key("protege.out.", "data/world/images") == "protege.out.data/world/images"
     odd = tracking.tag_key("protege.out.", "data/a@b.csv")
     assert odd.startswith("protege.out.sha256-") and odd == tracking.tag_key("protege.out.", "data/a@b.csv")
+
+
+def test_dirty_means_tracked_code_or_params_differ(tmp_path):
+    """Outputs, DVC's .gitignore files and DVC's own records (dvc.lock, *.dvc, committed or not) leave a
+    checkout clean; an edited tracked file makes it dirty."""
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "params.yaml").write_text("a: 1\n")
+    (tmp_path / "dvc.lock").write_text("stages: {}\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "pool.dvc").write_text("outs: []\n")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "code"]):
+        subprocess.run(GIT + args, cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / "data" / ".gitignore").write_text("/world\n")
+    (tmp_path / "data" / "world").mkdir()
+    (tmp_path / "data" / "world" / "train.parquet").write_bytes(b"rows")
+    (tmp_path / "dvc.lock").write_text("stages: {world: {}}\n")
+    (tmp_path / "data" / "pool.dvc").write_text("outs: [{md5: abc}]\n")
+    state = lineage.git_state(tmp_path)
+    assert state["dirty"] is False and state["changed"] == [], state
+    (tmp_path / "params.yaml").write_text("a: 2\n")
+    state = lineage.git_state(tmp_path)
+    assert state["dirty"] is True and state["changed"] == ["params.yaml"], state

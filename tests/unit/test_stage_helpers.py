@@ -1,3 +1,5 @@
+import os
+
 from protege.stages.promote import decide
 
 
@@ -34,15 +36,18 @@ def test_rl_resume_state_is_tied_to_its_inputs(tmp_path):
     from protege.config import RLConfig
     from protege.paths import CURATED_RL, SFT_MODEL
     from protege.rl.loop import fingerprint
-    from protege.stages.rl import inputs_digest
+    from protege.stages.common import inputs_digest
+    from protege.stages.rl import input_files
 
     (tmp_path / SFT_MODEL).mkdir(parents=True)
     (tmp_path / SFT_MODEL / "model.safetensors").write_bytes(b"weights-1")
     (tmp_path / CURATED_RL).parent.mkdir(parents=True)
     (tmp_path / CURATED_RL).write_bytes(b"table")
-    before = inputs_digest(tmp_path, ril=False)
-    (tmp_path / SFT_MODEL / "model.safetensors").write_bytes(b"weights-22")  # a new SFT checkpoint
-    after = inputs_digest(tmp_path, ril=False)
+    before = inputs_digest(tmp_path, input_files(ril=False))
+    stat = (tmp_path / SFT_MODEL / "model.safetensors").stat()
+    (tmp_path / SFT_MODEL / "model.safetensors").write_bytes(b"weights-2")  # a new SFT checkpoint, same size
+    os.utime(tmp_path / SFT_MODEL / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and mtime
+    after = inputs_digest(tmp_path, input_files(ril=False))
     assert before != after
     cfg = RLConfig()
     assert fingerprint(cfg, 0, before) != fingerprint(cfg, 0, after)
