@@ -15,7 +15,7 @@ from protege.eval.score import score_benchmark, write_predictions, write_scores
 from protege.eval.scorers import Completer, suite_protocol
 from protege.eval.stats import average_ci
 from protege.paths import MINI_BENCHMARKS
-from protege.teachers.backends import ask_texts
+from protege.teachers.backends import Outcome, TeacherAnswer, TeacherRequest
 from protege.world.benchmarks import FORMATS, SUFFIX
 
 
@@ -79,10 +79,29 @@ def completer_for(spec: TeacherSpec | None, root: Path, seed: int) -> Completer 
     backend = build_teacher(spec.model_copy(update={"temperature": 0.0}), root, error_rate=0.0, seed=seed)
 
     def complete(prompts: list[str]) -> list[str]:
-        replies = ask_texts(backend, {str(i): p for i, p in enumerate(prompts)})
-        return [replies.get(str(i), "") for i in range(len(prompts))]  # a failed request reads as unparsable
+        replies, failures = {}, {}
+
+        def collect(outcome: Outcome) -> None:
+            if isinstance(outcome, TeacherAnswer):
+                replies[outcome.key] = outcome.text
+            else:
+                failures[outcome.key] = outcome.error
+
+        backend.run([TeacherRequest(str(i), str(i), p) for i, p in enumerate(prompts)], collect)
+        # a judgement that never came would score as a wrong answer and move the benchmark silently
+        if failures or len(replies) < len(prompts):
+            raise UserFacingError(judge_failure(spec, failures, len(prompts) - len(replies), len(prompts)))
+        return [replies[str(i)] for i in range(len(prompts))]
 
     return complete
+
+
+def judge_failure(spec: TeacherSpec, failures: dict[str, str], missing: int, asked: int) -> str:
+    where = f" at {spec.base_url}" if spec.base_url else ""
+    reasons = sorted(set(failures.values()))
+    shown = "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} other errors)" if len(reasons) > 3 else "")
+    return (f"evaluate.judge {spec.name!r} ({spec.backend}, model {spec.model!r}{where}) gave no usable reply to "
+            f"{missing} of {asked} prompts: {shown or 'no outcome reported'}")
 
 
 def evaluate_model(model, processor, suite: dict[str, list[BenchItem]], cfg: EvaluateConfig, out_dir: Path,

@@ -2,6 +2,8 @@
 
 Async with a concurrency limit, a per-request timeout, and retries with exponential backoff and jitter
 on 429, 5xx, timeouts and dropped connections. Other 4xx answers are the caller's mistake: no retry.
+The answer is read by `reply_text` from the reply shapes such servers send; a reply without answer text
+is a failure that says which field was empty (`EmptyReply`), never an empty answer.
 """
 from __future__ import annotations
 
@@ -23,6 +25,71 @@ RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 class _Retryable(Exception):
     pass
+
+
+class EmptyReply(ValueError):
+    """A well-formed reply that carries no answer text; the message names the field that was empty."""
+
+
+# Where OpenAI-compatible servers put the answer. `content` is a string in OpenAI's own API, but
+# servers also send a list of parts ([{"type": "text", "text": ...}], the shape of multimodal input,
+# or {"text": {"value": ...}}), null next to a refusal or reasoning, or the legacy completions `text`.
+_TEXT_PART_TYPES = {None, "text", "output_text"}
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def _part_text(part) -> str:
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict) or part.get("type") not in _TEXT_PART_TYPES:
+        return ""  # an image, audio or refusal part is not answer text
+    text = part.get("text")
+    if isinstance(text, dict):
+        text = text.get("value")
+    return text if isinstance(text, str) else ""
+
+
+def _content_text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(_part_text(p) for p in content)
+    return ""
+
+
+def _describe_empty(choice: dict, message: dict, field: str) -> str:
+    """Why a reply has no text, in terms the person running the judge can act on."""
+    content = message.get("content")
+    shape = ("null" if content is None else "a list with no text parts" if isinstance(content, list)
+             else "blank" if isinstance(content, str) else f"a {type(content).__name__}")
+    finish = choice.get("finish_reason")
+    parts = [f"empty reply: choices[0].{field}.content is {shape} (finish_reason {finish!r})"]
+    if message.get("refusal"):
+        parts.append(f"the model refused: {str(message['refusal'])[:120]!r}")
+    reasoning = next((f for f in _REASONING_FIELDS if message.get(f)), None)
+    if reasoning:
+        parts.append(f"only choices[0].{field}.{reasoning} has text ({len(str(message[reasoning]))} characters)")
+        if finish == "length":
+            parts.append("the token limit ran out while the model was reasoning: raise max_tokens")
+    return "; ".join(parts)
+
+
+def reply_text(body: dict) -> str:
+    """The answer text of a chat-completions reply: `choices[0].message.content` as a string or as text
+    parts, else the legacy `choices[0].text`. Reasoning fields are never the answer. EmptyReply when
+    there is no text, ValueError / KeyError / IndexError for a body that is not a chat completion."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ValueError(f"no choices[0] in the reply: {str(body)[:200]}")
+    choice = choices[0]
+    field = "message" if isinstance(choice.get("message"), dict) else "delta"
+    message = choice.get(field) if isinstance(choice.get(field), dict) else {}
+    text = _content_text(message.get("content"))
+    if not text.strip() and isinstance(choice.get("text"), str):
+        text = choice["text"]
+    if not text.strip():
+        raise EmptyReply(_describe_empty(choice, message, field))
+    return text
 
 
 @functools.lru_cache(maxsize=256)  # many requests share an image (N samples per question)
@@ -89,13 +156,17 @@ class OpenAITeacher:
                     if resp.status >= 400:
                         return TeacherFailure(r.key, f"HTTP {resp.status}: {(await resp.text())[:200]}", attempt + 1)
                     body = await resp.json()
+                text = reply_text(body)
                 choice = body["choices"][0]
                 usage = body.get("usage") or {}
-                return TeacherAnswer(r.key, (choice["message"]["content"] or "").strip(), time.perf_counter() - t0,
-                                     int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+                return TeacherAnswer(r.key, text.strip(), time.perf_counter() - t0,
+                                     int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
                                      "length" if choice.get("finish_reason") == "length" else "stop")
             except (_Retryable, asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 last_error = str(exc) or type(exc).__name__
+            except EmptyReply as exc:
+                # the same request at temperature 0 would come back empty again: report it, do not retry
+                return TeacherFailure(r.key, str(exc), attempt + 1)
             except (KeyError, IndexError, ValueError, aiohttp.ContentTypeError) as exc:
                 return TeacherFailure(r.key, f"malformed response: {exc!r}", attempt + 1)
         return TeacherFailure(r.key, f"gave up after {self.max_retries + 1} attempts: {last_error}", self.max_retries + 1)

@@ -1,11 +1,15 @@
-"""Our `lmms-eval` protocol against lmms-eval 0.7.3's own scoring functions, item by item.
+"""Our `lmms-eval` protocol against lmms-eval 0.7.3's own scoring, item by item.
 
-lmms-eval is installed by `make test` (pinned, without its model extras). The answers are generated
-from templates: letters in every position and case, bold, brackets, Chinese phrasing, several letters,
-option texts, numbers, refusals. A failing case prints the input and both outcomes.
+lmms-eval is installed by `make test` (pinned, without its model extras). Each benchmark's answers go
+through the harness's whole path (`harness.run_task`: the task built from its yaml, its filters, the
+default reasoning-tag removal, `Task.process_results` with its strip, the task's rule), then through our
+scorer. The answers are generated from templates: letters in every position and case, bold, brackets,
+Chinese phrasing, several letters, option texts, numbers, refusals, each also wrapped in whitespace and
+<think> / <analysis> blocks. A failing case prints the input and both outcomes.
 """
 from __future__ import annotations
 
+import ast
 import itertools
 import random
 
@@ -14,11 +18,11 @@ import pytest
 from protege.eval.items import BenchItem
 from protege.eval.scorers import scorer_for
 from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
+from protege.eval.scorers.lmms_pipeline import drop_reasoning
 
 lmms_mcq = pytest.importorskip("lmms_eval.tasks._task_utils.mcq_extract",
                                reason="lmms-eval 0.7.3 is installed by `make test`")
-from lmms_eval.tasks.mmstar.utils import mmstar_process_results  # noqa: E402
-from lmms_eval.tasks.realworldqa.utils import realworldqa_process_results  # noqa: E402
+from tests.differential.harness import run_task  # noqa: E402
 
 LETTER_TEMPLATES = [
     "{L}", "{l}", "({L})", "({l})", "{L}.", "{L})", "{L}:", "[{L}]", "**{L}**", "**({L})**", "{L}. {T}",
@@ -29,8 +33,18 @@ LETTER_TEMPLATES = [
     "I cannot tell.", "None of the above.", "A {T} is shown, so {L}", "Apple", "Dog", "THE ANSWER IS {L}",
     "{L}\n", "\n{L}.\n", " {L} ", "'{L}'", '"{L}."', "{L}!", "{L}?", "Is it {L}?", "{L}; {M}", "E", "(E)",
     "The image shows {T}. Answer: {L}", "{L}.{M}.", "A: {T}", "1. {L}", "{L}2", "Choice {L}", "{L}、{T}",
+    "{L}。", "It is {L} and it is", "{L} )", "\t{L}\t", "{L}\x00",
 ]
 TEXTS = ["apple", "a red apple", "Banana", "the cat", "3", "Cherry pie"]
+# what a response may carry around its answer; lmms-eval's pipeline removes some of it
+WRAPPERS = ["{a}", "{a}", "{a}", " {a}", "{a} ", "{a}\n", "\n\n{a}\n", "<think>Maybe {b}.</think>{a}",
+            "<think>\n{b} or not\n</think>\n\n{a}", "</think>{a}", "{b} reasons</think> {a}",
+            "<analysis>{b}</analysis>{a}", "<think>{a}", "<THINK>{b}</THINK>{a}", "{a}<think>{b}</think>", "<think>x</think><think>{b}</think>{a}"]
+
+
+def wrapped(answers: list[str], seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [rng.choice(WRAPPERS).format(a=a, b=rng.choice("ABCD")) for a in answers]
 
 
 def awkward_answers(n: int, seed: int) -> list[str]:
@@ -41,7 +55,38 @@ def awkward_answers(n: int, seed: int) -> list[str]:
             continue
         out.append(template.format(L=L, l=L.lower(), M=M, T=rng.choice(TEXTS)))
     rng.shuffle(out)
-    return out[:n]
+    return wrapped(out[:n], seed)
+
+
+def _compare(benchmark, items, answers, harness_score, rule):
+    """Our scorer and lmms-eval's task on the same raw answers: equal scores on every item."""
+    ours = scorer_for(benchmark).score(items, answers)
+    theirs = [harness_score(r) for r in run_task(benchmark, items, answers)]
+    bad = [f"{a!r} gold {it.answer!r}: ours {s.score} ({s.extracted!r}), lmms-eval {t} ({rule})"
+           for it, a, s, t in zip(items, answers, ours, theirs) if s.score != float(t)]
+    assert not bad, "\n".join(bad[:20])
+    return ours
+
+
+def _mc_items(benchmark, golds, n_options=4):
+    return [BenchItem(benchmark=benchmark, index=str(i), question="Q?", images=[], answer=g,
+                      options={k: t for k, t in zip("ABCDEF"[:n_options], TEXTS)}) for i, g in enumerate(golds)]
+
+
+EXTRA = ["", " ", "B\n", " B", "b", "b.", "B.", "B. apple", "(B)", "B)", "Banana", "The answer is B", "\nB",
+         "B\n\n", "\tB", "B \n", "<think>A</think>B", "<think>A</think>\nB.", "B</think>", "A. <think>x</think>"]
+
+
+def test_drop_reasoning_matches_strip_reasoning_tags():
+    from lmms_eval.api.reasoning import strip_reasoning_tags
+
+    from tests.differential.harness import cli_reasoning_tags
+
+    pieces = ["<think>", "</think>", "<analysis>", "</analysis>", "A", " B ", "\n", "<THINK>", "x"]
+    rng = random.Random(20)
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randrange(8))) for _ in range(3000)]
+    bad = [t for t in texts if drop_reasoning(t) != strip_reasoning_tags(t, cli_reasoning_tags())]
+    assert not bad, "\n".join(f"{t!r}: ours {drop_reasoning(t)!r}" for t in bad[:20])
 
 
 def test_letter_reading_matches_extract_mcq_answer():
@@ -53,204 +98,218 @@ def test_letter_reading_matches_extract_mcq_answer():
     assert len(answers) >= 300
 
 
-def test_mmstar_matches_mmstar_process_results():
-    answers = awkward_answers(400, 1)
-    golds = [random.Random(i).choice("ABCD") + random.Random(i).choice(["", " ", "\n"]) for i in range(len(answers))]
+def test_mmstar_matches_the_mmstar_task():
+    answers = awkward_answers(500, 1) + EXTRA
+    rng = random.Random(1)
+    golds = [rng.choice("ABCD") + rng.choice(["", " ", "\n"]) for _ in answers]
     items = [BenchItem(benchmark="mmstar", index=str(i), question="Q?", images=[], answer=g,
                        options={k: t for k, t in zip("ABCD", TEXTS)}, category="c", l2_category="l2")
              for i, g in enumerate(golds)]
-    ours = scorer_for("mmstar").score(items, answers)
-    bad = []
-    for item, a, s in zip(items, answers, ours):
-        theirs = mmstar_process_results({"answer": item.answer, "category": "c", "l2_category": "l2",
-                                         "index": item.index}, [a])["average"]["score"]
-        if s.score != theirs:
-            bad.append(f"{a!r} gold {item.answer!r}: ours {s.score}, lmms-eval {theirs} (mmstar exact_match)")
-    assert not bad, "\n".join(bad[:20])
+    _compare("mmstar", items, answers, lambda r: r["average"]["score"], "mmstar_process_results")
 
 
-def test_realworldqa_matches_realworldqa_process_results():
-    answers = awkward_answers(300, 2) + ["2", "two", "Two.", "2 cars", "yes", "Yes.", "YES", "no", "Downhill",
-                                         "downhill.", " Downhill ", "3.", "3..", "left", "Left side"]
+def test_realworldqa_matches_the_realworldqa_task():
+    answers = awkward_answers(300, 2) + wrapped(["2", "two", "Two.", "2 cars", "yes", "Yes.", "YES", "no", "Downhill",
+                                                 "downhill.", " Downhill ", "3.", "3..", "left", "Left side"] * 3, 2)
     open_golds = ["2", "Yes", "No", "Downhill", "3", "left"]
     rng = random.Random(3)
     golds = [rng.choice(["A", "B", "c", " D "] + open_golds) for _ in answers]
     items = [BenchItem(benchmark="realworldqa", index=str(i), question="Q?\nA. left\nB. right\nC. up\nD. down",
                        images=[], answer=g) for i, g in enumerate(golds)]
-    ours = scorer_for("realworldqa").score(items, answers)
-    bad = []
-    for item, a, s in zip(items, answers, ours):
-        theirs = realworldqa_process_results({"answer": item.answer}, [a])["exact_match"]
-        if s.score != theirs:
-            bad.append(f"{a!r} gold {item.answer!r}: ours {s.score}, lmms-eval {theirs} (realworldqa_process_results)")
-    assert not bad, "\n".join(bad[:20])
+    _compare("realworldqa", items, answers, lambda r: r["exact_match"], "realworldqa_process_results")
 
 
-def test_mmbench_rules_only_matches_eval_sub_data():
-    """Circular groups (four rotated copies) scored by lmms-eval's rules-only MMBench evaluation."""
-    import pandas as pd
-    from lmms_eval.tasks.mmbench.mmbench_evals import MMBench_Evaluator
-
-    harness = MMBench_Evaluator()
-    texts = ["apple", "banana", "cherry", "grape"]
-    rng = random.Random(4)
-    answers = awkward_answers(2000, 5)
-    edge = ["I see A small cat", "a banana", "The fruit is Banana.", "E", "A B", "Failed to obtain answer via API",
-            "apple or banana", "选项B", "(E)", "E B.", "E (A)", "E :C", "Option E, not (B)", "B E", "答案是（B）"]
-    items, preds, groups = [], [], 0
-    for g in range(150):
-        gold_text = rng.choice(texts)
-        for k in range(4):
-            opts = {letter: texts[(i + k) % 4] for i, letter in enumerate("ABCD")}
-            gold = next(letter for letter, t in opts.items() if t == gold_text)
-            items.append(BenchItem(benchmark="mmbench", index=str(g + k * 1_000_000), question="Which fruit?",
-                                   images=[], answer=gold, options=opts, group=str(g)))
-            if g < len(edge):  # the group's outcome hangs on this one answer
-                preds.append(edge[g] if k == 0 else gold)
-            else:
-                preds.append(rng.choice([gold, gold_text, rng.choice(answers), rng.choice(answers)]))
-        groups += 1
-    scorer = scorer_for("mmbench")
-    units = {u.id: u.score for u in scorer.units(items, scorer.score(items, preds))}
-    bad = []
-    for g in range(groups):
-        copies = [(it, p) for it, p in zip(items, preds) if it.group == str(g)]
-        frame = pd.DataFrame([{"index": int(it.index), "prediction": p, "answer": it.answer, **it.options}
-                              for it, p in copies])
-        theirs = harness.eval_sub_data(frame, {int(it.index): it.answer for it, _ in copies}, static_only=True)
-        if units[str(g)] != theirs:
-            bad.append(f"group {g} {[(it.answer, p) for it, p in copies]}: ours {units[str(g)]}, lmms-eval {theirs} "
-                       "(MMBench_Evaluator.eval_sub_data, static)")
-    assert not bad, "\n".join(bad[:10])
-
-
-def _compare(benchmark, items, answers, theirs_fn, rule):
-    ours = scorer_for(benchmark).score(items, answers)
-    bad = [f"{a!r} gold {it.answer!r}: ours {s.score}, lmms-eval {t} ({rule})"
-           for it, a, s in zip(items, answers, ours) if s.score != (t := theirs_fn(it, a))]
-    assert not bad, "\n".join(bad[:20])
-
-
-def _mc_items(benchmark, golds, n_options=4):
-    return [BenchItem(benchmark=benchmark, index=str(i), question="Q?", images=[], answer=g,
-                      options={k: t for k, t in zip("ABCDEF"[:n_options], TEXTS)}) for i, g in enumerate(golds)]
-
-
-EXTRA = ["", " ", "B\n", " B", "b", "b.", "B.", "B. apple", "(B)", "B)", "Banana", "The answer is B", "\nB"]
-
-
-def test_ai2d_matches_filter_and_exact_match():
-    from lmms_eval.api.metrics import exact_match_hf_evaluate
-    from lmms_eval.tasks.ai2d.utils import MultiChoiceRegexFilter
-
-    answers = awkward_answers(400, 6) + EXTRA
+def test_ai2d_matches_the_ai2d_task_and_its_filter_chain():
+    """ai2d.yaml's flexible-extract chain (MultiChoiceRegexFilter), then the strip, then exact_match."""
+    answers = awkward_answers(500, 6) + EXTRA + wrapped(EXTRA * 4, 6) + [
+        "B.\n", " C. cat", "B \t", "b\n", "(b)\n", "B\n\nbecause", "B\x00", "\x00B", "B )", "c.", "  D.  "]
     rng = random.Random(6)
     items = _mc_items("ai2d", [rng.choice("ABCD") for _ in answers])
-    flt = MultiChoiceRegexFilter(regex_pattern=r"([A-Z])\.", group_select=0, ignore_case=True, ignore_punctuation=True)
-
-    def theirs(item, answer):
-        filtered = flt.apply([[answer]], [{"question": item.question}])[0]
-        return float(exact_match_hf_evaluate([filtered], [item.answer], ignore_case=True,
-                                             ignore_punctuation=True)["exact_match"])
-
-    _compare("ai2d", items, answers, theirs, "MultiChoiceRegexFilter + exact_match")
+    ours = _compare("ai2d", items, answers, lambda r: r["exact_match"], "MultiChoiceRegexFilter + exact_match")
+    assert ours[answers.index("B\n")].score == float(items[answers.index("B\n")].answer == "B")
 
 
 @pytest.mark.parametrize("benchmark", ["seedbench", "seedbench2_plus"])
-def test_seedbench_matches_process_and_aggregate(benchmark):
+def test_seedbench_matches_the_seed_tasks(benchmark):
     import lmms_eval.tasks.seedbench.utils as seed1
     import lmms_eval.tasks.seedbench_2_plus.utils as seed2
 
     answers = awkward_answers(300, 7) + EXTRA
     rng = random.Random(7)
     items = _mc_items(benchmark, [rng.choice(["A", "B", "c", " D"]) for _ in answers])
-
-    def theirs(item, answer):
-        doc = {"answer": item.answer, "question_id": item.index, "data_type": "image", "question_image_type": "chart"}
-        if benchmark == "seedbench":
-            result = seed1.seed_process_result(doc, [answer])["seed_all"]
-            return float(seed1.seed_aggregation_result([result]))
-        result = seed2.seed_process_result(doc, [answer])["seedbench_2_plus_all"]
-        return float(seed2.seed_aggregation_result([result]))
-
-    _compare(benchmark, items, answers, theirs, "seed_process_result + seed_aggregation_result")
+    if benchmark == "seedbench":
+        score = lambda r: seed1.seed_aggregation_result([r["seed_all"]])  # noqa: E731
+    else:
+        score = lambda r: seed2.seed_aggregation_result([r["seedbench_2_plus_all"]])  # noqa: E731
+    _compare(benchmark, items, answers, score, "seed_process_result + seed_aggregation_result")
 
 
-def test_blink_matches_blink_process_results():
-    from lmms_eval.tasks.blink.utils import blink_process_results
-
+def test_blink_matches_the_blink_task():
     answers = awkward_answers(400, 8) + EXTRA + ["E", "(E)", "The answers are (A) and (B)", "answer: c", "A or B",
-                                                 "Answer is (D)\nmore", "(A) and (B)", "c)", "Answers: B"]
+                                                 "Answer is (D)\nmore", "(A) and (B)", "c)", "Answers: B", " (B) \n"]
     rng = random.Random(8)
     n_options = [rng.choice([2, 3, 4]) for _ in answers]
     items = [BenchItem(benchmark="blink", index=str(i), question="Q?", images=[],
                        answer=f"({'ABCD'[rng.randrange(n)]})", options={k: t for k, t in zip("ABCD"[:n], TEXTS)})
              for i, n in enumerate(n_options)]
-
-    def theirs(item, answer):
-        doc = {"answer": item.answer, "choices": list(item.options.values()), "idx": item.index, "sub_task": "s"}
-        return float(blink_process_results(doc, [answer])["blink_acc"]["is_correct"])
-
-    _compare("blink", items, answers, theirs, "blink_process_results")
+    _compare("blink", items, answers, lambda r: float(r["blink_acc"]["is_correct"]), "blink_process_results")
 
 
-@pytest.mark.parametrize("n_options", [4, 10])
-def test_mmmu_multiple_choice_matches_parse_mmmu_multi_choice_response(n_options, monkeypatch):
+@pytest.mark.parametrize("benchmark, n_options", [("mmmu", 4), ("mmmu", 10), ("mmmu_pro", 10)])
+def test_mmmu_multiple_choice_matches_the_mmmu_tasks(benchmark, n_options, monkeypatch):
     import lmms_eval.tasks._task_utils.mmmu_mcq_utils as mmmu
 
     monkeypatch.setattr(mmmu.random, "choice", lambda seq: "<random>")  # where the harness guesses
     texts = ["apple", "a red apple", "banana", "the cat", "3", "cherry pie", "dog", "grape", "10", "kiwi"]
     options = dict(zip("ABCDEFGHIJ"[:n_options], texts[:n_options]))
-    answers = awkward_answers(500, 9) + EXTRA + [
+    answers = awkward_answers(500, 9) + EXTRA + wrapped([
         "I think the answer is a red apple, not banana", "It looks like a banana to me here", "(A) or (B)",
-        "A. apple B. banana", "Option C is the cat, so C", "The image shows the cat and a dog clearly", "J"]
+        "A. apple B. banana", "Option C is the cat, so C", "The image shows the cat and a dog clearly", "J"] * 3, 9)
     rng = random.Random(9)
-    items = [BenchItem(benchmark="mmmu", index=str(i), question="Q?", images=[], answer=rng.choice(list(options)),
+    items = [BenchItem(benchmark=benchmark, index=str(i), question="Q?", images=[], answer=rng.choice(list(options)),
                        options=options) for i in range(len(answers))]
-    ours = scorer_for("mmmu").score(items, answers)
+    ours = scorer_for(benchmark).score(items, answers)
     bad = []
-    for item, a, s in zip(items, answers, ours):
-        parsed = mmmu.parse_mmmu_multi_choice_response(a, list(options), dict(options))
+    for item, a, s, r in zip(items, answers, ours, run_task(benchmark, items, answers)):
+        parsed = r["mmmu_acc"]["parsed_pred"]
+        parsed = parsed[0] if isinstance(parsed, list) else parsed
         if (parsed == "<random>") != (s.note.startswith("no option found")) or \
                 (parsed != "<random>" and float(parsed == item.answer) != s.score):
             bad.append(f"{a!r} gold {item.answer!r}: ours {s.extracted!r} {s.score}, lmms-eval {parsed!r}")
     assert not bad, "\n".join(bad[:20])
 
 
-def test_chartqa_matches_chartqa_process_results():
-    from lmms_eval.tasks.chartqa.utils import chartqa_process_results
-
+def test_chartqa_matches_the_chartqa_task():
     rng = random.Random(10)
     golds = ["12", "0", "0.45", "45%", "1,234", "Yes", "blue", "3.5", "-2", "100", "nan", "1e3"]
     preds = ["12", "12.5", "12.7", " 12", "12\n", "12.", "0", "0.0", "zero", "45", "0.45", "45%", "45%%", "1234",
              "1,234", "1234.0", "yes", "Yes.", "YES", "Blue", "blue ", "3.6", "3.68", "-2.05", "2", "105", "95",
-             "nan", "inf", "1000", "1e3", "", "12 apples", "The answer is 12"]
+             "nan", "inf", "1000", "1e3", "", "12 apples", "The answer is 12", "45% ", " 0.45\n", "\t-2 ",
+             "<think>maybe 13</think>12", "12</think>", "<think>12"]
     items, answers = [], []
-    for i in range(600):
+    for i in range(800):
         items.append(BenchItem(benchmark="chartqa", index=str(i), question="Q?", images=[], answer=rng.choice(golds)))
-        answers.append(rng.choice(preds))
-    _compare("chartqa", items, answers,
-             lambda it, a: chartqa_process_results({"type": "human_test", "answer": it.answer}, [a])["relaxed_overall"],
-             "chartqa_process_results")
+        answers.append(rng.choice([rng.choice(preds), rng.choice(wrapped(preds, i))]))
+    ours = _compare("chartqa", items, answers, lambda r: r["relaxed_overall"], "chartqa_process_results")
+    issue = scorer_for("chartqa").score([BenchItem("chartqa", "x", "Q?", [], "0.45")], ["45% "])
+    assert issue[0].score == 1.0 and len(ours) == 800
 
 
-def test_mmmu_open_matches_parse_open_response_and_eval_open():
-    from lmms_eval.tasks.mmmu.utils import eval_open, parse_open_response
+MMMU_GOLDS = ["3", "3.14", "1,000", "-2", "0.5", "x", "red", "Paris", "24/7", "1e3", "12 kg", "a"]
+MMMU_STEMS = ["{g}", "The answer is {g}.", "so the result is {g}", "x = {g}", "I think it could be {g}, not 4",
+              "Answer: {g}\nbecause", "{g} kg", "It is {w}.", "The value is about {g}0", "Therefore, {g}.",
+              "Final answer {g}", "three", "The answer is: ", "is so {g}", "{g}%", "approximately {g}.0"]
 
+
+def test_mmmu_open_matches_the_mmmu_task():
     rng = random.Random(12)
-    golds = ["3", "3.14", "1,000", "-2", "0.5", "x", "red", "Paris", "24/7", "['1', '2']", "1e3", "12 kg", "a"]
-    stems = ["{g}", "The answer is {g}.", "so the result is {g}", "x = {g}", "I think it could be {g}, not 4",
-             "Answer: {g}\nbecause", "{g} kg", "It is {w}.", "The value is about {g}0", "Therefore, {g}.",
-             "Final answer {g}", "three", "The answer is: ", "is so {g}", "{g}%", "approximately {g}.0"]
     items, answers = [], []
     for i in range(600):
-        gold, other = rng.choice(golds), rng.choice(golds)
+        gold, other = rng.choice(MMMU_GOLDS), rng.choice(MMMU_GOLDS)
         items.append(BenchItem(benchmark="mmmu", index=str(i), question="Q?", images=[], answer=gold))
-        answers.append(rng.choice(stems).format(g=rng.choice([gold, other]), w=other.upper()))
+        answers.append(rng.choice(MMMU_STEMS).format(g=rng.choice([gold, other]), w=other.upper()))
     # each decided by one quirk: a trivial tail is dropped, an empty tail gives way to the next key phrase
     for answer, gold in [("The answer is : ", "a"), ("answer is \n7", "is"), ("it is so \nthus 5", "so"),
-                         ("x = 2\ny = 3", "2"), ("Result: 1,234.5 units", "1234.5")]:
+                         ("x = 2\ny = 3", "2"), ("Result: 1,234.5 units", "1234.5"), (" 5 \n", "5")]:
         items.append(BenchItem(benchmark="mmmu", index=str(len(items)), question="Q?", images=[], answer=gold))
         answers.append(answer)
-    _compare("mmmu", items, answers, lambda it, a: float(eval_open(it.answer, parse_open_response(a))),
-             "parse_open_response + eval_open")
+    _compare_mmmu_open(items, wrapped(answers, 12))
+
+
+def test_mmmu_open_list_golds_match_eval_open_any_element():
+    """A list gold: lmms-eval's eval_open accepts any element. Ours reads it from meta["answers"] or from
+    its literal, compared with lmms-eval given the list itself."""
+    rng = random.Random(13)
+    lists = [["3", "three"], ["0.5", "1/2"], ["Paris", "paris, france"], ["24/7", "3.43"], ["1,000", "1000.0"],
+             ["x", "y"], ["a"], ["12 kg", "12"], ["red", "crimson", "scarlet"]]
+    items, answers = [], []
+    for i in range(500):
+        golds, other = rng.choice(lists), rng.choice(lists)
+        meta = {"answers": golds} if i % 2 else {}
+        answer = golds[0] if i % 2 else str(golds)
+        items.append(BenchItem(benchmark="mmmu", index=str(i), question="Q?", images=[], answer=answer, meta=meta))
+        word = rng.choice(golds + other)
+        answers.append(rng.choice(MMMU_STEMS).format(g=word, w=word.upper()))
+    items.append(BenchItem(benchmark="mmmu", index="999", question="Q?", images=[], answer="['3', 'three']"))
+    answers.append("three")
+    ours = _compare_mmmu_open(items, answers, listed=True)
+    assert ours[-1].score == 1.0
+
+
+def _compare_mmmu_open(items, answers, listed=False):
+    from lmms_eval.tasks.mmmu.utils import evaluate_mmmu
+
+    ours = scorer_for("mmmu").score(items, answers)
+    harness_items = items
+    if listed:  # the documents a list-typed answer column would hold
+        harness_items = [BenchItem(benchmark="mmmu", index=it.index, question=it.question, images=[],
+                                   answer=it.meta.get("answers") or ast.literal_eval(it.answer)) for it in items]
+    theirs = [evaluate_mmmu([r["mmmu_acc"]])[1]["acc"] for r in run_task("mmmu", harness_items, answers)]
+    bad = [f"{a!r} gold {it.meta.get('answers') or it.answer!r}: ours {s.score}, lmms-eval {t}"
+           for it, a, s, t in zip(items, answers, ours, theirs) if s.score != t]
+    assert not bad, "\n".join(bad[:20])
+    return ours
+
+
+# --- MMBench / MMBench-CN without a judge: eval_result("openai") with its API unreachable ------------
+
+MMBENCH_EDGE = ["It is A and it is", "A or B", "答案是B", "**B**", "B。", "选B", "(B)", "B.", "Answer: B", "答案：B",
+                "B\n", " B ", "<think>A</think>B", "B</think>", "I choose B", "b", "Option B", "B)", ":B", "B,",
+                "(B).", "A B", "E", "banana", "The answer is pear", "香蕉", "Failed to obtain answer via API B",
+                "I see A small cat", "B because A is wrong", "B\n\nA", "<think>B</think>", "**(B)**", "[B]", "B:"]
+
+
+def mmbench_groups(benchmark, n_groups, seed, edge):
+    """Circular groups of four rotated copies; the first `len(edge)` groups hang on one edge answer."""
+    texts = ["apple", "banana", "cherry", "grape"]
+    rng = random.Random(seed)
+    pool = awkward_answers(2000, seed)
+    items, preds = [], []
+    for g in range(n_groups):
+        gold_text = rng.choice(texts)
+        for k in range(4):
+            opts = {letter: texts[(i + k) % 4] for i, letter in enumerate("ABCD")}
+            gold = next(letter for letter, t in opts.items() if t == gold_text)
+            items.append(BenchItem(benchmark=benchmark, index=str(g + k * 1_000_000), question="Which fruit?",
+                                   images=[], answer=gold, options=opts, group=str(g), category=f"g{g}"))
+            if g < len(edge):
+                preds.append(edge[g] if k == 0 else gold)
+            else:
+                preds.append(rng.choice([gold, gold_text, rng.choice(pool), rng.choice(pool)]))
+    return items, preds
+
+
+def harness_mmbench_groups(benchmark, items, preds):
+    """Per-group hit of lmms-eval's own aggregation (`eval_result`, as mmbench_*_dev_results_eval calls it):
+    each group is its own category, so the category hit rates are the groups' outcomes."""
+    from lmms_eval.tasks.mmbench.mmbench_evals import MMBench_Evaluator
+
+    results = [r["gpt_eval_score"] for r in run_task(benchmark, items, preds)]
+    _, by_category, _ = MMBench_Evaluator().eval_result(results, eval_method="openai")
+    return {c[1:]: hit for c, hit in by_category.items()}
+
+
+@pytest.mark.parametrize("benchmark", ["mmbench", "mmbench_cn"])
+def test_mmbench_without_a_judge_matches_eval_result(benchmark, monkeypatch):
+    import requests
+    from lmms_eval.tasks.mmbench import mmbench_evals
+
+    def unreachable(self, payload):
+        raise requests.ConnectionError("no judge configured")
+
+    monkeypatch.setattr(mmbench_evals.MMBench_Evaluator, "_post_request", unreachable)
+    monkeypatch.setattr(mmbench_evals.time, "sleep", lambda s: None)
+    monkeypatch.setattr(mmbench_evals.rd, "randint", lambda lo, hi: hi)  # its guess: "E", never the gold
+    items, preds = mmbench_groups(benchmark, 150, 4 if benchmark == "mmbench" else 5, MMBENCH_EDGE)
+    scorer = scorer_for(benchmark)
+    scored = scorer.score(items, preds)
+    units = {u.id: u.score for u in scorer.units(items, scored)}
+    theirs = harness_mmbench_groups(benchmark, items, preds)
+    bad = [f"group {g} {[(it.answer, p) for it, p in zip(items, preds) if it.group == g]}: ours {units[g]}, "
+           f"lmms-eval {theirs[g]} (eval_result, API unreachable)" for g in units if units[g] != theirs[g]]
+    assert not bad, "\n".join(bad[:10])
+    by_index = {it.index: s for it, s in zip(items, scored)}
+    for g, p in enumerate(MMBENCH_EDGE[:5]):  # the issue's answers, each alone in its group
+        first = by_index[str(g)]
+        assert (first.score, first.note) == (0.0, "unmatched (lmms-eval draws a random letter)"), p
+    assert 0 < sum(units.values()) < len(units)

@@ -49,3 +49,120 @@ def test_mmvet_without_a_judge_says_it_is_not_comparable():
     items = [BenchItem("mmvet", "v1_0", "What colour?", [], "red")]
     _, rows, _ = score_benchmark("mmvet", items, {"v1_0": Prediction("v1_0", "red")}, n_boot=100)
     assert rows[0]["score"] == 1.0 and "not comparable" in rows[0]["note"]
+
+
+# --- the judge's reply as OpenAI-compatible servers send it --------------------------------------------
+
+from protege.errors import UserFacingError  # noqa: E402
+from protege.teachers import loopback_server  # noqa: E402
+from protege.teachers.openai_backend import EmptyReply, reply_text  # noqa: E402
+
+
+def body(message=None, **choice) -> dict:
+    return {"choices": [{"index": 0, **({"message": message} if message is not None else {}), **choice}]}
+
+
+@pytest.mark.parametrize("reply, text", [
+    (body({"role": "assistant", "content": "D"}), "D"),
+    (body({"role": "assistant", "content": [{"type": "text", "text": "D"}]}), "D"),
+    (body({"content": [{"type": "text", "text": "1"}, {"type": "text", "text": "3"}]}), "13"),
+    (body({"content": [{"type": "output_text", "text": "D", "annotations": []}]}), "D"),
+    (body({"content": [{"type": "text", "text": {"value": "D"}}]}), "D"),
+    (body({"content": [{"type": "image_url", "image_url": {"url": "x"}}, "D"]}), "D"),
+    (body({"content": "D", "reasoning_content": "The last choice is D."}), "D"),
+    (body({"role": "assistant", "content": None}, text="D"), "D"),                # legacy completions shape
+    (body(text="13", finish_reason="stop"), "13"),
+    (body(delta={"content": "D"}), "D"),
+])
+def test_reply_text_reads_the_shapes_servers_send(reply, text):
+    assert reply_text(reply) == text
+
+
+@pytest.mark.parametrize("reply, said", [
+    (body({"content": None, "reasoning_content": "Let me think. The ans"}, finish_reason="length"),
+     ["choices[0].message.content is null", "finish_reason 'length'", "reasoning_content", "raise max_tokens"]),
+    (body({"content": "  \n"}, finish_reason="stop"), ["choices[0].message.content is blank"]),
+    (body({"content": [{"type": "image_url", "image_url": {"url": "x"}}]}), ["a list with no text parts"]),
+    (body({"content": None, "refusal": "I can't help with that."}), ["is null", "refused"]),
+    (body({"content": None, "reasoning": "hmm"}, finish_reason="stop"), ["only choices[0].message.reasoning"]),
+])
+def test_an_empty_reply_is_an_error_naming_the_field(reply, said):
+    with pytest.raises(EmptyReply) as err:
+        reply_text(reply)
+    assert all(s in str(err.value) for s in said), str(err.value)
+
+
+@pytest.mark.parametrize("reply", [{}, {"choices": []}, {"choices": "D"}, [], {"error": {"message": "bad"}}])
+def test_a_body_without_choices_is_malformed(reply):
+    with pytest.raises(ValueError, match="no choices"):
+        reply_text(reply)
+
+
+def shaped_judge(shape):
+    """An app answering MathVista extraction prompts with one reply shape: "13" for the float question,
+    "D" otherwise (the issue's replies)."""
+    from aiohttp import web
+
+    def make_app(behaviour):
+        async def chat(request):
+            behaviour.counts["requests"] += 1
+            prompt = (await request.json())["messages"][-1]["content"][-1]["text"]
+            return web.json_response(shape("13" if "About thirteen" in prompt else "D"))
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        return app
+
+    return make_app
+
+
+SHAPES = {
+    "string": lambda t: body({"role": "assistant", "content": t}, finish_reason="stop"),
+    "parts": lambda t: body({"role": "assistant", "content": [{"type": "text", "text": t}]}, finish_reason="stop"),
+    "reasoning server": lambda t: body({"role": "assistant", "content": t, "reasoning_content": "..."}),
+    "legacy text": lambda t: body(text=t, finish_reason="stop"),
+}
+
+
+def mathvista_items():
+    choices = ["3 cm", "5 cm", "7 cm", "9 cm"]
+    query = "Question: Which is longest?\nChoices:\n" + "\n".join(f"({chr(65 + i)}) {c}" for i, c in enumerate(choices))
+    return [BenchItem("mathvista", "1", "Which is longest?", [], "9 cm",
+                      meta={"question_type": "multi_choice", "answer_type": "text", "precision": None,
+                            "choices": choices, "unit": "", "query": query}),
+            BenchItem("mathvista", "2", "How long?", [], "13.0",
+                      meta={"question_type": "free_form", "answer_type": "float", "precision": 1.0,
+                            "choices": None, "unit": "", "query": "Question: How long?"})]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_mathvista_uses_the_judges_extraction_whatever_its_reply_shape(tmp_path, monkeypatch, shape):
+    pytest.importorskip("lmms_eval")
+    monkeypatch.setattr(loopback_server, "make_app", shaped_judge(SHAPES[shape]))
+    behaviour = ServerBehaviour()
+    with serve_in_thread(behaviour) as url:
+        spec = TeacherSpec(name="judge", backend="openai", model="judge", base_url=url, max_retries=0)
+        complete = completer_for(spec, tmp_path, seed=0)
+        items = mathvista_items()
+        _, rows, _ = score_benchmark("mathvista", items, {"1": Prediction("1", "The last one."),
+                                                         "2": Prediction("2", "About thirteen.")}, n_boot=10,
+                                     complete=complete)
+    assert [(r["score"], r["extracted"], r["note"]) for r in rows] == [(1.0, "9 cm", "llm extraction"),
+                                                                       (1.0, "13.0", "llm extraction")]
+    assert behaviour.counts["requests"] == 2
+
+
+def test_an_empty_judge_reply_stops_scoring_and_names_the_field(tmp_path, monkeypatch):
+    pytest.importorskip("lmms_eval")
+    empty = lambda t: body({"role": "assistant", "content": None, "reasoning_content": "Let me see"},  # noqa: E731
+                           finish_reason="length")
+    monkeypatch.setattr(loopback_server, "make_app", shaped_judge(empty))
+    with serve_in_thread(ServerBehaviour()) as url:
+        spec = TeacherSpec(name="judge", backend="openai", model="judge", base_url=url, max_retries=0)
+        with pytest.raises(UserFacingError) as err:
+            score_benchmark("mathvista", mathvista_items(), {"1": Prediction("1", "The last one."),
+                                                             "2": Prediction("2", "About thirteen.")},
+                            n_boot=10, complete=completer_for(spec, tmp_path, seed=0))
+    message = str(err.value)
+    assert "evaluate.judge 'judge'" in message and "2 of 2 prompts" in message
+    assert "choices[0].message.content is null" in message and "raise max_tokens" in message

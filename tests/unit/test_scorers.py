@@ -11,7 +11,7 @@ from protege.eval.scorers.letters import (
     lmms_mmbench_letter,
     read_letter,
 )
-from protege.eval.scorers.lmms_mathvista import edit_distance, normalize_extraction
+from protege.eval.scorers.lmms_mathvista import NO_JUDGE, edit_distance, normalize_extraction
 from protege.eval.scorers.vlmevalkit_match import can_infer
 from protege.eval.scorers.mmvet import RULE_NOTE, lmms_parse_grade, parse_grade, rule_grade
 from protege.eval.stats import score_of
@@ -239,7 +239,21 @@ def test_circular_lmms_eval_judge_asks_three_times_with_its_prompt():
 
 def test_circular_without_complete_is_unmatched():
     scored = scorer_for("mmbench_cn").score(_rotations("7"), ["A", "D", "C", "不知道"])
+    assert scored[3].score == 0.0 and scored[3].note == "unmatched (lmms-eval draws a random letter)"
+    scored = scorer_for("mmbench_cn", "lenient").score(_rotations("7"), ["A", "D", "C", "不知道"])
     assert scored[3].score == 0.0 and scored[3].note == "unmatched"
+
+
+@pytest.mark.parametrize("benchmark", ["mmbench", "mmbench_cn"])
+def test_lmms_mmbench_without_a_judge_never_reads_past_can_infer(benchmark):
+    """mmbench_en_dev / mmbench_cn_dev without their GPT: three failed calls, then a random letter (0 here);
+    the lenient reader reads the same answers."""
+    answers = ["It is A and it is", "A or B", "答案是A", "**A**", "A。"]
+    items = [BenchItem(benchmark, str(i), "Q?", [], "A", options={"A": "cat", "B": "dog"}) for i in range(5)]
+    out = scorer_for(benchmark).score(items, answers)
+    assert [(s.score, s.note) for s in out] == [(0.0, "unmatched (lmms-eval draws a random letter)")] * 5
+    lenient = scorer_for(benchmark, "lenient").score(items, answers)
+    assert [s.score for s in lenient] == [1.0, 0.0, 1.0, 1.0, 1.0]   # "A or B" is a hedge: no answer
 
 
 def test_lmms_mmbench_quantifier_guard():
@@ -361,11 +375,11 @@ def test_mathvista_without_complete_takes_last_number():
     out = scorer_for("mathvista", "lenient").score([mv("5 cm", "multi_choice", "text", choices=["3 cm", "5 cm"])],
                                                    ["I cannot tell"])
     assert (out[0].score, out[0].note) == (0.0, "no choice found")
-    # lmms-eval: the same rules stand in for its GPT extraction, and say so
-    out = scorer_for("mathvista").score([mv("8"), mv("5 cm", "multi_choice", "text", choices=["3 cm", "5 cm"],
+    # lmms-eval without its GPT: everything but a bare value is extracted as '', which is no integer and,
+    # for a multiple-choice question, nearest to the shortest choice (the first of equals)
+    out = scorer_for("mathvista").score([mv("8"), mv("3 cm", "multi_choice", "text", choices=["3 cm", "5 cm"],
                                                      index="2")], ["First 3 then 5, so 8", "I cannot tell"])
-    assert [(o.score, o.note) for o in out] == [(1.0, "rules-only fallback, last number"),
-                                                (0.0, "rules-only fallback, no choice found, no choice found")]
+    assert [(o.score, o.extracted, o.note) for o in out] == [(0.0, "", NO_JUDGE), (1.0, "3 cm", NO_JUDGE)]
 
 
 def test_mathvista_llm_extraction_one_batch():
@@ -438,8 +452,10 @@ def test_mmmu_open():
     preds = ["The total is 1200 dollars.", "so the answer is five", "The wire is made of Copper.",
              "x = 3.50", "The answer is 13.", "It is an apple"]
     assert scores("mmmu", items, preds, "lenient") == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
-    # lmms-eval 0.7.3: no number words, and a list-literal gold is one string
-    assert scores("mmmu", items, preds) == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    # lmms-eval 0.7.3: no number words; any element of a list gold counts (eval_open)
+    assert scores("mmmu", items, preds) == [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    listed = [open_item("mmmu", "3", "7", meta={"answers": ["3", "three"]}), open_item("mmmu", "['3', 'three']", "8")]
+    assert scores("mmmu", listed, ["three", "The answer is three."]) == [1.0, 1.0]
 
 
 def test_mmmu_mc_without_options_is_user_error():
@@ -495,7 +511,7 @@ def test_mmvet_lmms_eval_reading_of_grades():
     llm = FakeLLM(["0.5", "high"], ["x"], ["y"], ["0.3"])
     out = scorer_for("mmvet").score(items, ["Paris ", "Rome"], llm)
     assert [len(c) for c in llm.calls] == [2, 1, 1, 1]
-    assert llm.calls[0][0].endswith("\nQ? | Paris <AND> Berlin | Paris  |")   # nothing stripped
+    assert llm.calls[0][0].endswith("\nQ? | Paris <AND> Berlin | Paris |")   # stripped by the harness only
     assert [s.score for s in out] == [0.5, 0.3]
 
 
@@ -530,3 +546,33 @@ def test_suite_wide_vlmevalkit_protocol_leaves_open_benchmarks_on_lmms_eval():
     assert suite_protocol("mmvet", "lmms-eval") == "lmms-eval"
     for name in ("chartqa", "mathvista", "mmvet", "mmvet_v2"):
         assert scorer_for(name, suite_protocol(name, "vlmevalkit")).benchmark == name
+
+
+# --- lmms-eval's path from a response to its task's rule --------------------------------------------
+
+@pytest.mark.parametrize("raw, seen", [
+    ("B\n", "B"), ("  45% ", "45%"), ("<think>maybe A</think>\nB", "B"), ("I guess </think> B", "B"),
+    ("<analysis>x</analysis>C", "C"), ("<think>never closed B", "<think>never closed B"),
+    ("<THINK>case</THINK>B", "<THINK>case</THINK>B"), ("</think>A<think>B", "</think>A<think>B"),
+    ("<think>a</think>x<think>b</think>y", "xy"), (None, ""),
+])
+def test_lmms_response_is_what_the_task_receives(raw, seen):
+    from protege.eval.scorers.lmms_pipeline import lmms_response
+
+    assert lmms_response(raw) == seen
+
+
+def test_lmms_ai2d_filter_runs_before_the_strip():
+    from protege.eval.scorers.lmms_pipeline import ai2d_filter, lmms_response
+
+    assert [lmms_response(r, ai2d_filter) for r in [" C. cat", "c. cat", "B\n", "<think>A. x</think>B."]] == [
+        "C", "c. cat", "B", "B."]
+    items = [mc("ai2d", "B", index=str(i)) for i in range(6)]
+    assert scores("ai2d", items, ["B\n", " B", "(b)\n", "B )", "<think>A</think>B.", "The answer is B"]) == [
+        1.0, 1.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_lmms_chartqa_strips_before_relaxed_correctness():
+    items = [open_item("chartqa", "0.45", str(i)) for i in range(4)]
+    preds = ["45% ", " 0.45\n", "<think>0.9</think>0.46", "0.45 apples"]
+    assert scores("chartqa", items, preds) == [1.0, 1.0, 1.0, 0.0]

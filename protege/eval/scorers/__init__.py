@@ -2,9 +2,12 @@
 
 Protocols:
 * "lmms-eval" (default): lmms-eval 0.7.3's scoring rule for the task, item by item, held there by
-  tests/differential. Where lmms-eval asks GPT (MMBench matching, MathVista extraction, the MM-Vet
-  grader) the configured judge gets lmms-eval's own prompt, read from the installed harness
-  (`harness_prompts`); without a judge, documented rules-only fallbacks.
+  tests/differential, on the response as the harness hands it to the task (`lmms_pipeline`: filter
+  chain, reasoning blocks dropped, stripped). Where lmms-eval asks GPT (MMBench matching, MathVista
+  extraction, the MM-Vet grader) the configured judge gets lmms-eval's own prompt, read from the
+  installed harness (`harness_prompts`); without a judge, what lmms-eval does when its GPT cannot be
+  reached (MMBench: a random letter, scored 0; MathVista: an empty extraction), except MM-Vet, which
+  falls back to a documented rule grader.
 * "lenient": our generous reading (letters in more positions, option texts, number words, thousands
   separators), for knowing what the model knew rather than comparing with papers.
 * "vlmevalkit": VLMEvalKit's multiple-choice matching (`vlmevalkit_match.can_infer`, at the commit

@@ -10,7 +10,7 @@ from protege.eval.scorers.letters import (
     read_letter,
     read_matching_reply,
 )
-from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
+from protege.eval.scorers.lmms_pipeline import lmms_response
 from protege.eval.scorers.multiple_choice import gold_letter
 from protege.eval.scorers.vlmevalkit_match import API_FAILURE, can_infer
 
@@ -31,9 +31,14 @@ class CircularScorer:
     question without its hint, options A-D) and its `can_infer` on the reply, asked up to three times;
     under vlmevalkit, protege's wording and VLMEvalKit's `can_infer` on the reply, three times; under
     lenient, protege's wording, once. Where the harness then picks a random letter, we score the copy 0
-    with note "unmatched". With no `complete` under lmms-eval, the unread copies are read
-    as lmms-eval 0.7.3's rules-only evaluation reads them (`eval_sub_data(static_only=True)`:
-    `extract_mcq_answer` over the question's option letters); under lenient, by `read_letter`.
+    with note "unmatched". Under lmms-eval the responses are first taken as the harness hands them over
+    (`lmms_response`: reasoning blocks dropped, stripped).
+    With no `complete`: under lmms-eval, what `mmbench_en_dev` and `mmbench_cn_dev` do when their GPT
+    cannot be reached (their aggregation always calls `eval_result(eval_method="openai")`): three
+    failed API calls, then a random letter, so the copies `can_infer` cannot read score 0 with note
+    "unmatched (lmms-eval draws a random letter)" ("A or B", "答案是B", "**B**" and "B。" among them;
+    only the separate EN task `mmbench_en_dev_static` reads them with `extract_mcq_answer`); under
+    vlmevalkit "unmatched" (its exact matching); under lenient, `read_letter` reads them.
     `units()` gives one unit per group (category and difficulty of the group's first copy); the
     benchmark score is the mean over groups (micro).
     """
@@ -53,6 +58,8 @@ class CircularScorer:
               complete: Completer | None = None) -> list[Scored]:
         check_lengths(items, predictions, "predictions")
         golds = [gold_letter(it, it.options) for it in items]
+        if self._protocol == "lmms-eval":
+            predictions = [lmms_response(p) for p in predictions]
         read = [self._read(p or "", it.options) for it, p in zip(items, predictions)]
         failed = {group_key(it) for it, r, g in zip(items, read, golds) if r is not None and r != g}
         notes = [""] * len(items)
@@ -67,16 +74,13 @@ class CircularScorer:
                     read[i] = self._read_reply(reply, items[i].options)
                     notes[i] = "llm match" if read[i] else self._unmatched
                 pending = [i for i in pending if read[i] is None]
-        elif self._protocol in ("lmms-eval", "lenient"):
+        elif self._protocol == "lenient":
             for i in pending:
-                if self._protocol == "lmms-eval":
-                    read[i] = lmms_mcq_letter(predictions[i] or "", sorted(items[i].options)) or None
-                else:
-                    read[i] = read_letter(predictions[i] or "", items[i].options)[0]
+                read[i] = read_letter(predictions[i] or "", items[i].options)[0]
                 notes[i] = "rules-only fallback" if read[i] else "unmatched"
-        else:
+        else:  # lmms-eval draws a letter after three failed API calls; VLMEvalKit's exact matching fails it
             for i in pending:
-                notes[i] = "unmatched"
+                notes[i] = self._unmatched if self._protocol == "lmms-eval" else "unmatched"
         return [Scored(it.index, r or "", float(r is not None and r == g), n)
                 for it, r, g, n in zip(items, read, golds, notes)]
 

@@ -2,7 +2,7 @@
 
 Two readers (VLMEvalKit's current `can_infer` is in `vlmevalkit_match`):
 
-* `read_letter` - ours, the `lenient` protocol's reader (and the rules-only fallback of MathVista).
+* `read_letter` - ours, the `lenient` protocol's reader (MathVista and MMBench included).
   It reads what the model meant by explicit, documented rules; refusals, hedges between letters
   ("A or B"), negated letters ("not C"), URLs and struck-through text never count (as in the reward's
   rule judge):

@@ -1,11 +1,14 @@
 """Benchmarks scored exactly as lmms-eval 0.7.3 scores them (the `lmms-eval` protocol): the plain
 multiple-choice ones, MMMU / MMMU-Pro and ChartQA (MMBench's rule path lives in `circular`).
 
-Each scorer names the task function it follows, rewritten from its rules. None asks an LLM (these
-tasks have no LLM step) and none guesses: where the harness draws a random letter we score 0.
+Each scorer names the task function it follows, rewritten from its rules, and sees the response as
+that function does: after the task's filter chain, the reasoning blocks dropped and stripped
+(`lmms_pipeline.lmms_response`). None asks an LLM (these tasks have no LLM step) and none guesses:
+where the harness draws a random letter we score 0.
 """
 from __future__ import annotations
 
+import ast
 import re
 import string
 
@@ -13,6 +16,7 @@ from protege.errors import UserFacingError
 from protege.eval.items import BenchItem, Scored
 from protege.eval.scorers.base import Completer, ItemScorer, check_lengths
 from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
+from protege.eval.scorers.lmms_pipeline import TaskFilter, ai2d_filter, lmms_response
 from protege.eval.scorers.multiple_choice import gold_letter
 
 ABCD = ("A", "B", "C", "D")
@@ -29,12 +33,16 @@ def _letter_note(letter: str) -> str:
 
 
 class PerItemScorer(ItemScorer):
-    """A harness rule that looks at one question at a time: subclasses give `score_one`."""
+    """A harness rule that looks at one question at a time: subclasses give `score_one`, which receives
+    the response as lmms-eval hands it to the task (`task_filter` is the task's filter chain, None for
+    lmms-eval's default `take_first`)."""
+
+    task_filter: TaskFilter | None = None
 
     def score(self, items: list[BenchItem], predictions: list[str],
               complete: Completer | None = None) -> list[Scored]:
         check_lengths(items, predictions, "predictions")
-        return [self.score_one(item, pred or "") for item, pred in zip(items, predictions)]
+        return [self.score_one(item, lmms_response(pred, self.task_filter)) for item, pred in zip(items, predictions)]
 
     def score_one(self, item: BenchItem, prediction: str) -> Scored:
         raise NotImplementedError
@@ -79,21 +87,23 @@ class LmmsRealWorldQAScorer(PerItemScorer):
         return Scored(item.index, said, float(said == gold.lower()))
 
 
-_AI2D_LEADING = re.compile(r"^\s*([A-Z])\.")
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 def _exact_match_text(text: str) -> str:
     """lmms-eval's exact_match with ignore_case and ignore_punctuation: lower case, ASCII punctuation
-    removed, whitespace kept."""
-    return text.lower().translate(_NO_PUNCTUATION)
+    removed, whitespace kept. It compares NumPy string arrays, which drop trailing NUL characters."""
+    return text.lower().translate(_NO_PUNCTUATION).rstrip("\x00")
 
 
 class LmmsAI2DScorer(PerItemScorer):
-    """lmms-eval 0.7.3 `ai2d` (flexible-extract): `MultiChoiceRegexFilter` keeps the letter of a leading
-    'X.' (upper case, after optional whitespace) and otherwise the whole response; the `exact_match`
-    metric then compares it with the gold letter, ignoring case and ASCII punctuation but not
-    whitespace: "(B)" and "b." match B, " B" and "The answer is B" do not."""
+    """lmms-eval 0.7.3 `ai2d` (flexible-extract): `MultiChoiceRegexFilter` (`ai2d_filter`) keeps the letter
+    of a leading 'X.' (upper case, after optional whitespace) and otherwise the whole response; the
+    harness then drops reasoning blocks and strips it, and the `exact_match` metric compares it with the
+    gold letter, ignoring case and ASCII punctuation but not inner whitespace: "(B)", "b.", " B" and
+    "B\\n" match B; "B )" and "The answer is B" do not."""
+
+    task_filter = staticmethod(ai2d_filter)
 
     def __init__(self, benchmark: str = "ai2d"):
         super().__init__(benchmark, "lmms-eval 0.7.3: ai2d MultiChoiceRegexFilter + exact_match "
@@ -101,9 +111,8 @@ class LmmsAI2DScorer(PerItemScorer):
 
     def score_one(self, item: BenchItem, prediction: str) -> Scored:
         _check_gold(item)
-        m = _AI2D_LEADING.match(prediction)
-        said = m.group(1) if m else prediction
-        return Scored(item.index, said, float(_exact_match_text(said) == _exact_match_text(item.answer)))
+        right = _exact_match_text(prediction) == _exact_match_text(item.answer)
+        return Scored(item.index, prediction, float(right))
 
 
 class LmmsSeedBenchScorer(PerItemScorer):
@@ -234,14 +243,30 @@ def _mmmu_normalised(value: str) -> list:
         return [" " + value, value + " "] if len(value) == 1 else [value]
 
 
-def mmmu_open_correct(response: str, gold: str) -> tuple[str, bool]:
+def mmmu_open_golds(item: BenchItem) -> list[str]:
+    """The accepted answers of an open question. `eval_open` takes any element of a list gold; a list
+    reaches us as `meta["answers"]` or as its literal (a reader writes a list-valued cell as one)."""
+    listed = item.meta.get("answers")
+    if isinstance(listed, (list, tuple)) and listed:
+        return [str(a) for a in listed]
+    text = item.answer.strip()
+    if text.startswith("[") and text.endswith("]"):
+        try:
+            parsed = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            parsed = None
+        if isinstance(parsed, (list, tuple)) and parsed:
+            return [str(a) for a in parsed]
+    return [item.answer]
+
+
+def mmmu_open_correct(response: str, golds: list[str]) -> tuple[str, bool]:
     """lmms-eval 0.7.3 MMMU open questions (`parse_open_response`, then `eval_open`), from their rules:
-    the key tails and the numbers in them, normalised; right when a normalised gold string is inside a
-    string prediction or a gold number equals a number prediction. The gold is one string, even when it
-    looks like a list literal."""
+    the key tails and the numbers in them, normalised; right when a normalised string of any gold is
+    inside a string prediction or a normalised number of any gold equals a number prediction."""
     tails = _mmmu_key_tails(response)
     preds = [p for raw in tails + [n for t in tails for n in _mmmu_numbers(t)] for p in _mmmu_normalised(raw)]
-    golds = _mmmu_normalised(gold)
+    golds = [g for gold in golds for g in _mmmu_normalised(gold)]
     for p in preds:
         if isinstance(p, str):
             if any(isinstance(g, str) and g in p for g in golds):
@@ -254,7 +279,7 @@ def mmmu_open_correct(response: str, gold: str) -> tuple[str, bool]:
 class LmmsMMMUScorer(PerItemScorer):
     """lmms-eval 0.7.3 `mmmu_val` / `mmmu_pro_standard`: multiple choice by `mmmu_letter` against the gold
     letter (where lmms-eval would draw a random letter we score 0 with a note); open questions by
-    `mmmu_open_correct`."""
+    `mmmu_open_correct` against every accepted answer (`mmmu_open_golds`)."""
 
     def __init__(self, benchmark: str = "mmmu"):
         super().__init__(benchmark, f"lmms-eval 0.7.3: {benchmark} parse_mmmu_multi_choice_response "
@@ -264,7 +289,7 @@ class LmmsMMMUScorer(PerItemScorer):
         if not item.options:
             if item.meta.get("question_type") == "multiple-choice":
                 raise UserFacingError(f"{item.where}: multiple-choice question without options")
-            read, right = mmmu_open_correct(prediction, item.answer)
+            read, right = mmmu_open_correct(prediction, mmmu_open_golds(item))
             return Scored(item.index, read, float(right))
         _check_gold(item)
         letter = mmmu_letter(prediction, item.options)
@@ -290,9 +315,10 @@ def lmms_relaxed_correctness(prediction: str, target: str, tolerance: float = 0.
 
 
 class LmmsChartQAScorer(PerItemScorer):
-    """lmms-eval 0.7.3 `chartqa_process_results`: `lmms_relaxed_correctness` of the whole response against
-    the row's one gold answer. The `lenient` ChartQA scorer also drops thousands separators, a trailing
-    period and surrounding spaces, and takes the best over several golds."""
+    """lmms-eval 0.7.3 `chartqa_process_results`: `lmms_relaxed_correctness` of the response (reasoning
+    blocks dropped and stripped, as the harness hands it over: "45% " reads as 0.45) against the row's
+    one gold answer. The `lenient` ChartQA scorer also drops thousands separators and a trailing period,
+    and takes the best over several golds."""
 
     def __init__(self, benchmark: str = "chartqa"):
         super().__init__(benchmark, "lmms-eval 0.7.3: chartqa relaxed_correctness (5% numeric, else exact)")

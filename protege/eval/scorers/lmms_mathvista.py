@@ -1,5 +1,6 @@
 """MathVista under protocol `lmms-eval`: lmms-eval 0.7.3's `mathvista_process_results` rule path
-(`MathVistaEvaluator.extract_answer`, `normalize_extracted_answer`, `safe_equal`), item by item."""
+(`MathVistaEvaluator.extract_answer`, `normalize_extracted_answer`, `safe_equal`), item by item, with
+or without the GPT extraction step."""
 from __future__ import annotations
 
 import re
@@ -8,10 +9,11 @@ from protege.errors import UserFacingError
 from protege.eval.items import BenchItem, Scored
 from protege.eval.scorers.base import Completer, ItemScorer, ask, check_lengths
 from protege.eval.scorers.harness_prompts import lmms_eval_prompt
-from protege.eval.scorers.mathvista import MathVistaScorer
+from protege.eval.scorers.lmms_pipeline import lmms_response
 
 _PAREN_LETTER = re.compile(r"\(([a-zA-Z])\)")
 _JUDGE_ATTEMPTS = 5  # get_chat_response's patience: an empty reply is asked again
+NO_JUDGE = "no judge: lmms-eval's extraction without GPT is ''"
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -74,29 +76,38 @@ def normalize_extraction(extraction: str, choices: list[str], question_type: str
 
 
 def safe_equal(prediction: str | None, answer: str) -> bool:
+    # str(None) is "None": an unreadable number equals a gold written "None", as in lmms-eval
     return str(prediction).strip() == str(answer).strip()
+
+
+def _precision(value) -> int | None:
+    """The dataset's precision field (1.0, "2", 2) as the number of decimals it means."""
+    try:
+        return int(float(value)) if value not in (None, "") else None
+    except (TypeError, ValueError, OverflowError):  # NaN / inf: a field left empty in a parquet file
+        return None
 
 
 class LmmsMathVistaScorer(ItemScorer):
     """lmms-eval 0.7.3 `mathvista_testmini_*` scoring (quick_extract off, as its yaml sets it).
 
-    The prediction is stripped; `quick_extract` takes empty, choice-text and plain-number answers; every
-    other answer goes to `complete` with lmms-eval's own extraction prompt (its DEMO_PROMPT, read from
-    the installed lmms-eval, then the item's `query`, the response and "Extracted answer: "); the reply,
-    stripped, is the extraction (asked again up to five times while empty, then ''). Then
-    `normalize_extraction` and `safe_equal` with the gold string.
+    The response is taken as lmms-eval hands it over (`lmms_response`: reasoning blocks dropped,
+    stripped); `quick_extract` takes empty, choice-text and plain-number answers; every other answer
+    goes to `complete` with lmms-eval's own extraction prompt (its DEMO_PROMPT, read from the installed
+    lmms-eval, then the item's `query`, the response and "Extracted answer: "); the reply, stripped, is
+    the extraction (asked again up to five times while empty, then ''). Then `normalize_extraction` and
+    `safe_equal` with the gold string.
 
-    Without `complete`, what lmms-eval would send to GPT is read by protege's MathVista rules (letter,
-    "answer is N", the one number, a [..] list; else the last number) and noted "rules-only fallback";
-    a multi_choice answer those rules cannot read scores 0 with note "no choice found" where lmms-eval's
-    judge reply would be mapped to the nearest choice. Differences: precision (see
-    `normalize_extraction`); files without MathVista's `query` field give the judge the question and
-    choices as the query."""
+    Without `complete`, lmms-eval's own path without its GPT: `get_chat_response` fails and returns '',
+    so every answer `quick_extract` does not take is extracted as '' (note `NO_JUDGE`): a multi_choice
+    question gets the choice nearest to '' (the shortest, the first on a tie), a number question None
+    (wrong), list and text questions ''. Nothing more is read ("twelve", "12%", "b", "(C) 7" all fall
+    there); protocol `lenient` reads them. Differences: precision (see `normalize_extraction`); files
+    without MathVista's `query` field give the judge the question and choices as the query."""
 
     def __init__(self, benchmark: str = "mathvista"):
         super().__init__(benchmark, "lmms-eval: mathvista (0.7.3 extract_answer with its GPT extraction "
                                     "prompt, normalize_extracted_answer, safe_equal)")
-        self._rules = MathVistaScorer(benchmark)
 
     @staticmethod
     def spec(item: BenchItem) -> tuple[str, str, list[str], int | None]:
@@ -105,7 +116,7 @@ class LmmsMathVistaScorer(ItemScorer):
         choices = [str(c) for c in (item.meta.get("choices") or list(item.options.values()))]
         if qtype == "multi_choice" and not choices:
             raise UserFacingError(f"{item.where}: MathVista multi_choice question without choices")
-        return qtype, atype, choices, item.meta.get("precision")
+        return qtype, atype, choices, _precision(item.meta.get("precision"))
 
     @staticmethod
     def query(item: BenchItem) -> str:
@@ -128,33 +139,33 @@ class LmmsMathVistaScorer(ItemScorer):
     def score(self, items: list[BenchItem], predictions: list[str],
               complete: Completer | None = None) -> list[Scored]:
         check_lengths(items, predictions, "predictions")
-        responses = [(p or "").strip() for p in predictions]
+        responses = [lmms_response(p) for p in predictions]
         found: list[tuple[str, str] | None] = []
         for item, response in zip(items, responses):
             qtype, atype, choices, _ = self.spec(item)
             e = quick_extract(response, qtype, atype, choices)
             found.append(None if e is None else (e, "" if e else "empty response"))
         pending = [i for i, f in enumerate(found) if f is None]
-        if complete is not None:
-            prompts = {i: self.judge_prompt(items[i], responses[i]) for i in pending}
-            for _ in range(_JUDGE_ATTEMPTS):
-                for i, reply in zip(pending, ask(complete, [prompts[i] for i in pending])):
-                    if reply.strip():
-                        found[i] = (reply.strip(), "llm extraction")
-                pending = [i for i in pending if found[i] is None]
+        if complete is None:
             for i in pending:
-                found[i] = ("", "llm: empty reply")
+                found[i] = ("", NO_JUDGE)
         else:
-            for i in pending:
-                rule, _ = self._rules._rule(items[i], responses[i])
-                e, note = (rule, "") if rule is not None else self._rules._fallback(items[i], responses[i])
-                found[i] = (e, "rules-only fallback" + (f", {note}" if note else ""))
+            self._extract(items, responses, found, pending, complete)
         out = []
         for item, (e, note) in zip(items, found):
             qtype, atype, choices, precision = self.spec(item)
-            if qtype == "multi_choice" and not e and note.startswith("rules-only"):
-                out.append(Scored(item.index, "", 0.0, note + ", no choice found"))
-                continue
             normalized = normalize_extraction(e, choices, qtype, atype, precision)
             out.append(Scored(item.index, normalized or "", float(safe_equal(normalized, item.answer)), note))
         return out
+
+    def _extract(self, items: list[BenchItem], responses: list[str], found: list, pending: list[int],
+                 complete: Completer) -> None:
+        """get_chat_response's patience: a prompt whose reply is empty is asked again, five asks in all."""
+        prompts = {i: self.judge_prompt(items[i], responses[i]) for i in pending}
+        for _ in range(_JUDGE_ATTEMPTS):
+            for i, reply in zip(pending, ask(complete, [prompts[i] for i in pending])):
+                if reply.strip():
+                    found[i] = (reply.strip(), "llm extraction")
+            pending = [i for i in pending if found[i] is None]
+        for i in pending:
+            found[i] = ("", "llm: empty reply")

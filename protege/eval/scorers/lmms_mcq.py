@@ -1,6 +1,6 @@
 """lmms-eval 0.7.3's multiple-choice letter reading (`lmms_eval/tasks/_task_utils/mcq_extract.py`,
-`extract_mcq_answer`), rewritten from its rules. MMStar, RealWorldQA's lettered questions and the
-MMBench rules-only fallback use it under the `lmms-eval` protocol.
+`extract_mcq_answer`), rewritten from its rules. MMStar and RealWorldQA's lettered questions use it
+under the `lmms-eval` protocol (MMBench does not: its default tasks never call it, see `circular`).
 
 The rule, as that version applies it:
 1. An empty or blank response reads as no letter.

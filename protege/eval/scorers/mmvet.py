@@ -13,6 +13,7 @@ from protege.eval.scorers.base import (
     words_to_digits,
 )
 from protege.eval.scorers.harness_prompts import lmms_eval_prompt
+from protege.eval.scorers.lmms_pipeline import lmms_response
 
 GRADER_PROMPT = """Grade how correct an AI model's answer is, compared with the ground truth. In the ground truth, \
 <AND> joins parts that must all appear in the answer for it to be fully right, and <OR> joins alternatives, any \
@@ -83,7 +84,8 @@ def rule_grade(answer: str, prediction: str) -> float:
 
 
 def lmms_grader_prompt(item: BenchItem, prediction: str, prefix: str) -> str:
-    """lmms-eval 0.7.3 `mmvet_process_results`' query: nothing stripped or collapsed."""
+    """lmms-eval 0.7.3 `mmvet_process_results`' query: nothing stripped or collapsed beyond what the
+    harness did to the response before (`lmms_response`)."""
     gold = item.answer.replace("<AND>", " <AND> ").replace("<OR>", " <OR> ")
     return f"{prefix}\n{item.question} | {gold} | {prediction} |"
 
@@ -140,7 +142,8 @@ class MMVetScorer(ItemScorer):
     def score(self, items: list[BenchItem], predictions: list[str],
               complete: Completer | None = None) -> list[Scored]:
         check_lengths(items, predictions, "predictions")
-        preds = [p or "" for p in predictions]
+        # under lmms-eval the grader sees the response as the harness hands it over (stripped, no <think>)
+        preds = [lmms_response(p) if self.lmms else p or "" for p in predictions]
         if complete is None:
             return [Scored(it.index, p.strip()[:200], rule_grade(it.answer, p), RULE_NOTE)
                     for it, p in zip(items, preds)]
