@@ -317,8 +317,9 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
 
 
 @app.command("merge")
-def merge(config: Path = typer.Argument(..., help="a mergekit-style merge YAML (models:, base_model, merge_method, "
-                                                  "parameters, dtype, out_dtype, tokenizer_source)"),
+def merge(config: Path = typer.Argument(..., help="a mergekit-style merge YAML (models: or slices: with sources, "
+                                                  "layer_range and filters; base_model, merge_method, parameters, "
+                                                  "dtype, out_dtype, tokenizer_source)"),
           out_dir: Path = typer.Argument(..., help="output folder (must not exist; written atomically)"),
           max_shard_size: str = typer.Option("5GB", "--max-shard-size", help="largest output shard, e.g. 5GB, "
                                                                               "500MB, 2GiB"),

@@ -1,8 +1,10 @@
 """Checkpoint merging (model soups), mergekit-compatible.
 
 - `methods`: one tensor name at a time (linear, task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs,
-  breadcrumbs_ties, slerp, model_stock; ema for in-RL merging), with mergekit's semantics and defaults;
-- `config`: mergekit-style YAML (`models:` form), validated, parameters resolved per tensor;
+  breadcrumbs_ties, slerp, model_stock, passthrough; ema for in-RL merging), with mergekit's semantics and defaults;
+- `config`: mergekit-style YAML (`models:` and `slices:` forms), validated, parameters resolved per tensor;
+- `layers`: where the decoder layers are in tensor names (no architecture tables);
+- `plan`: what each output tensor is made of (slices: layer ranges, renumbering), in mergekit's order;
 - `streaming`: `merge_folders` (safetensors folders, streamed, sharded output) and `merge_state_dicts`;
 - `uniform`: the pipeline's uniform average (`merge_uniform`, `average_state_dicts`).
 """
@@ -10,8 +12,8 @@ from protege.merging.config import MergeConfig, MergeConfigError, layer_position
 from protege.merging.io import Checkpoint, CheckpointError, parse_size
 from protege.merging.methods import (METHODS, bernoulli_prune, breadcrumbs, breadcrumbs_ties, dare_linear, dare_ties,
                                      ema, generalized_task_arithmetic, linear, magnitude_outliers_prune,
-                                     magnitude_prune, merge_tensor, model_stock, sign_consensus_mask, slerp,
-                                     task_arithmetic, ties)
+                                     magnitude_prune, merge_tensor, model_stock, passthrough, sign_consensus_mask,
+                                     slerp, task_arithmetic, ties)
 from protege.merging.streaming import DEFAULT_MAX_SHARD_BYTES, merge_folders, merge_state_dicts
 from protege.merging.uniform import average_state_dicts, merge_uniform
 
@@ -20,5 +22,5 @@ __all__ = [
     "average_state_dicts", "bernoulli_prune", "breadcrumbs", "breadcrumbs_ties", "dare_linear", "dare_ties", "ema",
     "generalized_task_arithmetic", "layer_positions", "linear", "load_config", "magnitude_outliers_prune",
     "magnitude_prune", "merge_folders", "merge_state_dicts", "merge_tensor", "merge_uniform", "model_stock",
-    "parse_config", "parse_size", "sign_consensus_mask", "slerp", "task_arithmetic", "ties",
+    "parse_config", "parse_size", "passthrough", "sign_consensus_mask", "slerp", "task_arithmetic", "ties",
 ]

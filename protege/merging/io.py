@@ -181,9 +181,11 @@ class ShardedWriter:
     """Writes tensors whose names, dtypes and shapes are known in advance into shards of at most
     `max_shard_bytes` (a single larger tensor gets a shard of its own), streaming each tensor to disk.
 
-    plan = writer.order: the order in which `write` must be called (grouped by shard, then by decreasing
-    element size within a shard so every tensor is aligned to its element size). One shard is written as
-    model.safetensors, several as model-0000i-of-0000N.safetensors + model.safetensors.index.json.
+    writer.order: the order in which `write` must be called: the specs' own order (the merger passes them in the
+    order it computes them), the shards being consecutive runs of it. Within a shard, the data offsets are laid
+    out by decreasing element size so every tensor is aligned to its element size; each tensor is written at its
+    offset as it comes. One shard is written as model.safetensors, several as model-0000i-of-0000N.safetensors +
+    model.safetensors.index.json.
     """
 
     def __init__(self, folder: Path, specs: list[tuple[str, torch.dtype, tuple[int, ...]]], max_shard_bytes: int,
@@ -203,9 +205,8 @@ class ShardedWriter:
             size += nbytes
         self.shards = []
         for items in shards:
-            items.sort(key=lambda p: -_itemsize(p.dtype))  # stable: keeps the input order within a size
             offset = 0
-            for p in items:
+            for p in sorted(items, key=lambda p: -_itemsize(p.dtype)):  # stable: input order within a size
                 p.begin = offset
                 offset += math.prod(p.shape) * _itemsize(p.dtype)
                 p.end = offset
@@ -217,6 +218,7 @@ class ShardedWriter:
         self._next = 0
         self._file = None
         self._shard = -1
+        self._data_start = 0
 
     def _open_shard(self, i: int) -> None:
         self._close()
@@ -228,6 +230,8 @@ class ShardedWriter:
         self._file = open(self.folder / self.filenames[i], "wb")
         self._file.write(struct.pack("<Q", len(raw)))
         self._file.write(raw)
+        self._data_start = 8 + len(raw)
+        self._file.truncate(self._data_start + max((p.end for p in self.shards[i]), default=0))
         self._shard = i
 
     def _close(self) -> None:
@@ -248,6 +252,7 @@ class ShardedWriter:
             self._open_shard(p.shard)
         data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
         if data.numel():
+            self._file.seek(self._data_start + p.begin)
             self._file.write(memoryview(data.numpy()))
         self._next += 1
         if self._next == len(self.order) or self._plan[self.order[self._next]].shard != p.shard:

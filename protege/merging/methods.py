@@ -387,6 +387,17 @@ def model_stock(tensors, base: torch.Tensor, filter_wise: bool = False, consume:
     return (t * average + (1 - t) * w0).reshape(shape)
 
 
+# ---------------------------------------------------------------- passthrough
+
+def passthrough(tensors, scale: float | None = None) -> torch.Tensor:
+    """The one input unchanged, or times `scale` (mergekit/merge_methods/passthrough.py): frankenmerges stack
+    layers of several models with one passthrough slice per layer range."""
+    xs = _as_list(tensors)
+    if len(xs) != 1:
+        raise ValueError(f"passthrough takes exactly one input, got {len(xs)}")
+    return xs[0] if scale is None else xs[0] * scale
+
+
 # ---------------------------------------------------------------- ema (not a mergekit method)
 
 def ema(prev: torch.Tensor, current: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -441,6 +452,9 @@ METHODS: dict[str, MethodInfo] = {
     "breadcrumbs_ties": _gta_info("breadcrumbs_ties", normalize=False, rescale=False, gamma=True),
     "slerp": MethodInfo("slerp", needs_base=True, shared={"t": REQUIRED}, min_inputs=2, max_inputs=2),
     "model_stock": MethodInfo("model_stock", needs_base=True, shared={"filter_wise": False}, min_inputs=3),
+    # mergekit/merge_methods/passthrough.py: one input, copied (times `scale` when given); the frankenmerge method
+    "passthrough": MethodInfo("passthrough", needs_base=False, per_model={"scale": None}, min_inputs=1,
+                              max_inputs=1, per_input_includes_base=True),
 }
 
 _GTA = {  # name -> (sparsification, consensus)
@@ -513,4 +527,6 @@ def merge_tensor(method: str, tensors: list[torch.Tensor], base: torch.Tensor | 
         return slerp(float(shared["t"]), base, tensors[0])
     if method == "model_stock":
         return model_stock(tensors, base, filter_wise=bool(shared["filter_wise"]), consume=consume)
+    if method == "passthrough":
+        return passthrough(tensors, per_model[0]["scale"])
     raise AssertionError(method)

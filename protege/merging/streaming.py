@@ -1,9 +1,10 @@
 """Merging whole checkpoints: folders on disk (streamed tensor by tensor) and state dicts in memory.
 
 `merge_folders` checks everything before writing anything: the config, every folder's weights, every model's
-tensor names and shapes against the reference (the base_model, else models[0]), and every tensor's resolved
-parameters. Then, tensor by tensor, it reads that tensor from each input, merges it in float32 (or the config's
-`dtype`), casts it to the output dtype and appends it to its output shard. Peak memory is therefore set by the
+tensor names and shapes against the reference (the base_model, else models[0]) or, for slices, every layer range
+against its model's layers, and every tensor's resolved parameters (protege.merging.plan). Then, tensor by
+tensor, it reads that tensor from each input, merges it in float32 (or the config's `dtype`), casts it to the
+output dtype and writes it into its output shard. Peak memory is therefore set by the
 largest tensor S and the number of inputs K, whatever the models' sizes: about (K + 3) x S, and (K + 8) x S for
 ties / breadcrumbs, whose magnitude ranking (torch.argsort on the whole tensor, exactly as mergekit ranks, ties
 included) needs about 6 x S of workspace (benchmarks/merge_memory.py measures it). The inputs are
@@ -22,19 +23,15 @@ from typing import Callable
 
 import torch
 
-from protege.merging.config import MergeConfig, MergeConfigError, layer_positions, load_config
-from protege.merging.io import (INDEX, SINGLE, TOKENIZER_FILES, Checkpoint, CheckpointError, ShardedWriter,
-                                non_weight_files)
+from protege.merging.config import MergeConfig, MergeConfigError, load_config
+from protege.merging.io import TOKENIZER_FILES, Checkpoint, CheckpointError, ShardedWriter, non_weight_files
 from protege.merging.methods import merge_tensor, method_info
+from protege.merging.plan import MergePlan, check_compatible, plan_merge, rewrite_layer_count  # noqa: F401
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 CONFIG_COPY = "merge_config.yaml"  # the config as read, kept with the output for provenance
 
 Progress = Callable[[int, int, str], None]
-
-
-def _shape(s) -> str:
-    return "[" + ", ".join(str(d) for d in s) + "]"
 
 
 def _open_all(cfg: MergeConfig) -> dict[Path, Checkpoint]:
@@ -45,29 +42,6 @@ def _open_all(cfg: MergeConfig) -> dict[Path, Checkpoint]:
         except CheckpointError as exc:
             raise cfg.error(f"{m.key}", str(exc)) from None
     return out
-
-
-def check_compatible(cfg: MergeConfig, ckpts: dict[Path, Checkpoint]) -> list[str]:
-    """Every input has exactly the reference's tensor names and shapes; returns the names in reference order."""
-    ref = cfg.reference
-    ref_ck = ckpts[ref.path]
-    ref_word = "base" if cfg.base is not None else ref.key
-    names = ref_ck.names()
-    for m in cfg.inputs:
-        if m.path == ref.path:
-            continue
-        ck = ckpts[m.path]
-        for name in names:
-            if name not in ck.tensors:
-                raise cfg.error(m.label, f"tensor {name} is missing ({ref_word} has it)")
-            a, b = ck.tensors[name].shape, ref_ck.tensors[name].shape
-            if a != b:
-                raise cfg.error(m.label, f"tensor {name} has shape {_shape(a)}, {ref_word} has {_shape(b)}")
-        extra = [n for n in ck.names() if n not in ref_ck.tensors]
-        if extra:
-            raise cfg.error(m.label, f"tensor {extra[0]} is not in {ref_word}"
-                                     + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
-    return names
 
 
 def _out_dtype(cfg: MergeConfig, ref_dtype: torch.dtype) -> torch.dtype:
@@ -82,36 +56,45 @@ def _compute_dtype(cfg: MergeConfig, ref_dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if ref_dtype == torch.float64 else torch.float32
 
 
-def _copy_side_files(cfg: MergeConfig, folder: Path) -> None:
+def _copy_side_files(cfg: MergeConfig, folder: Path, plan: MergePlan) -> None:
     for p in non_weight_files(cfg.donor):
         shutil.copy2(p, folder / p.name)
     if cfg.tokenizer_folder != cfg.donor:
         for p in non_weight_files(cfg.tokenizer_folder):
             if p.name in TOKENIZER_FILES or p.name.startswith("tokenizer"):
                 shutil.copy2(p, folder / p.name)
-    dtype_name = cfg.out_dtype_name or cfg.dtype_name
-    conf = folder / "config.json"
-    if dtype_name and conf.exists():  # as mergekit: the output config names out_dtype (else dtype)
-        try:
-            data = json.loads(conf.read_text())
-        except ValueError:
-            data = None
-        if isinstance(data, dict):
-            keys = [k for k in ("dtype", "torch_dtype") if k in data] or ["dtype"]
-            for k in keys:
-                data[k] = dtype_name
-            conf.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    _rewrite_config(cfg, folder / "config.json", plan)
     if cfg.text:
         (folder / CONFIG_COPY).write_text(cfg.text)
+
+
+def _rewrite_config(cfg: MergeConfig, conf: Path, plan: MergePlan) -> None:
+    """As mergekit: the output config names out_dtype (else dtype), and a slices merge's layer count."""
+    dtype_name = cfg.out_dtype_name or cfg.dtype_name
+    if not conf.exists() or (not dtype_name and plan.layer_sources is None):
+        return
+    try:
+        data = json.loads(conf.read_text())
+    except ValueError:
+        return
+    if not isinstance(data, dict):
+        return
+    if dtype_name:
+        for k in [k for k in ("dtype", "torch_dtype") if k in data] or ["dtype"]:
+            data[k] = dtype_name
+    if plan.layer_sources is not None:
+        rewrite_layer_count(data, plan.layer_sources)
+    conf.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def merge_folders(config: MergeConfig | str | Path, out_dir: str | Path, progress: Progress | None = None,
                   max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, seed: int = 0, overwrite: bool = False) -> Path:
     """Merges the config's model folders into OUT_DIR (safetensors, loadable by `from_pretrained`).
 
-    config: a MergeConfig or a YAML path. progress(done, total, tensor_name) is called after each tensor.
-    Random methods draw from one torch.Generator seeded with `seed`, tensors in output order: the same
-    inputs, config and seed give the same bytes. OUT_DIR must not exist unless `overwrite` (then it is
+    config: a MergeConfig or a YAML path (models: or slices: form). progress(done, total, tensor_name) is called
+    after each tensor. Random methods draw from one torch.Generator seeded with `seed`, tensors in mergekit's
+    order (protege.merging.plan): the same inputs, config and seed give the same bytes, and mergekit's masks
+    for `mergekit-yaml --random-seed SEED`. OUT_DIR must not exist unless `overwrite` (then it is
     replaced only once the new output is complete). Raises MergeConfigError (a UserFacingError).
     """
     cfg = config if isinstance(config, MergeConfig) else load_config(config)
@@ -123,20 +106,17 @@ def merge_folders(config: MergeConfig | str | Path, out_dir: str | Path, progres
 
     # ---- everything is checked before anything is written
     ckpts = _open_all(cfg)
-    names = check_compatible(cfg, ckpts)
-    ref_ck = ckpts[cfg.reference.path]
-    positions = layer_positions(names)
-    resolved = {name: cfg.resolve(name, positions[name]) for name in names}
-    specs = [(n, _out_dtype(cfg, ref_ck.tensors[n].dtype), ref_ck.tensors[n].shape) for n in names]
-    base_path = cfg.base.path if cfg.base is not None and cfg.info.needs_base else None
-    merged_paths = [m.path for m in cfg.merged]
-    labels = {m.path: m.label for m in cfg.inputs}
+    plan = plan_merge(cfg, ckpts)
+    schedule = plan.schedule  # mergekit's order, so a random method draws mergekit's masks for a seed
+    info = {job.name: ckpts[job.reference[0]].tensors[job.reference[1]] for job in schedule}
+    specs = [(job.name, _out_dtype(cfg, info[job.name].dtype), info[job.name].shape) for job in schedule]
 
-    def load(path: Path, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def load(ref: tuple[Path, str], dtype: torch.dtype | None = None) -> torch.Tensor:
+        path, name = ref
         try:
             t = ckpts[path].get(name)
         except Exception as exc:  # noqa: BLE001 - safetensors' own errors: a file changed or broken under us
-            raise cfg.error(labels[path], f"cannot read tensor {name}: {exc}") from None
+            raise cfg.error(plan.labels.get(path, str(path)), f"cannot read tensor {name}: {exc}") from None
         return t.to(dtype) if dtype is not None else t
 
     # ---- stream into a hidden folder next to OUT_DIR, then rename
@@ -149,27 +129,27 @@ def merge_folders(config: MergeConfig | str | Path, out_dir: str | Path, progres
     try:
         writer = ShardedWriter(tmp, specs, max_shard_bytes, metadata={"merge_method": cfg.method})
         generator = torch.Generator().manual_seed(seed)
-        total = len(writer.order)
-        for done, name in enumerate(writer.order, start=1):
-            ref_dtype = ref_ck.tensors[name].dtype
-            shared, per_model = resolved[name]
+        total = len(schedule)
+        for done, job in enumerate(schedule, start=1):
+            ref_dtype = info[job.name].dtype
             if ref_dtype.is_floating_point:
                 cdt = _compute_dtype(cfg, ref_dtype)
-                base = load(base_path, name, cdt) if base_path is not None else None
-                tensors = [load(p, name, cdt) for p in merged_paths]
+                base = load(job.base, cdt) if job.base is not None else None
+                tensors = [load(ref, cdt) for ref in job.inputs]
                 try:
-                    out = merge_tensor(cfg.method, tensors, base, per_model, shared, generator, consume=True)
+                    out = merge_tensor(cfg.method, tensors, base, list(job.per_model), job.shared, generator,
+                                       consume=True)
                 except ValueError as exc:
-                    raise cfg.error("merge_method", f"tensor {name}: {exc}") from None
+                    raise cfg.error("merge_method", f"tensor {job.name}: {exc}") from None
                 del tensors, base
             else:  # integer / bool buffers: the reference's value
-                out = load(cfg.reference.path, name)
-            writer.write(name, out.to(_out_dtype(cfg, ref_dtype)))
+                out = load(job.reference)
+            writer.write(job.name, out.to(_out_dtype(cfg, ref_dtype)))
             del out
             if progress is not None:
-                progress(done, total, name)
+                progress(done, total, job.name)
         writer.finish()
-        _copy_side_files(cfg, tmp)
+        _copy_side_files(cfg, tmp, plan)
         os.chmod(tmp, 0o755)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
@@ -240,11 +220,12 @@ def merge_state_dicts(method: str, states: list[dict[str, torch.Tensor]], base: 
         per_model.append(row)
     out = {}
     with torch.no_grad():
-        for name, r in ref.items():
+        for name in sorted(ref):  # mergekit's order for the random draws, as merge_folders
+            r = ref[name]
             if not r.is_floating_point():
                 out[name] = r.clone()
                 continue
             b = base[name].to(dtype) if base is not None else None
             merged = merge_tensor(method, [s[name].to(dtype) for s in states], b, per_model, shared, generator)
             out[name] = merged.to(r.dtype)
-    return out
+    return {name: out[name] for name in ref}

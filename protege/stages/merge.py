@@ -30,6 +30,10 @@ def merge_spec(cfg: Config, root: Path, found: list[Path]) -> tuple[dict, str]:
             raise UserFacingError(str(exc)) from None
         if not isinstance(doc, dict) or "merge_method" not in doc:
             raise UserFacingError(f"{m.config}: expected a mergekit YAML mapping with merge_method")
+        if "slices" in doc:
+            raise UserFacingError(f"{m.config}: slices: the merge stage soups this run's RL checkpoints whole (its "
+                                  "config gives merge_method, parameters, dtype and out_dtype); merge layer ranges "
+                                  "with `protege merge CONFIG OUT`")
         method = doc["merge_method"]
         spec = {k: doc[k] for k in SIDE_KEYS if k in doc}
         source = m.config

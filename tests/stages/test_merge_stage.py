@@ -77,6 +77,9 @@ def test_bad_settings(project):
     (project / "twice.yaml").write_text("merge_method: ties\nmerge_method: linear\n")
     with pytest.raises(UserFacingError, match="twice.yaml:2"):  # a key given twice names the file and line
         run_merge(project, config="twice.yaml")
+    (project / "sliced.yaml").write_text("merge_method: slerp\nslices: [{sources: [{model: a, layer_range: [0, 2]}]}]\n")
+    with pytest.raises(UserFacingError, match="sliced.yaml: slices: the merge stage soups"):
+        run_merge(project, config="sliced.yaml")
     with pytest.raises(UserFacingError, match="merge.config: missing.yaml is not a file"):
         run_merge(project, config="missing.yaml")
     with pytest.raises(ValueError, match="relative to the project"):

@@ -184,18 +184,20 @@ def test_errors_name_the_file_and_key(tmp_path, models):
                        "{filter, value} entries")
     d = bad()
     d["models"][0]["parameters"]["density"] = []
-    fails(tmp_path, d, "models[0].parameters.density: empty list")
+    fails(tmp_path, d, "models[0].parameters.density: empty list; expected a number, a gradient list of numbers, "
+                       "or a list of {filter, value} entries")
     d = bad()
     del d["models"][1]["parameters"]["weight"]
     fails(tmp_path, d, "models[1].parameters.weight: missing: ties needs weight for every non-base model (set it "
                        "here or under the top-level parameters:)")
 
     fails(tmp_path, bad(merge_method="frankenmerge"), "merge_method: unknown method 'frankenmerge'; expected one of "
-          "breadcrumbs, breadcrumbs_ties, dare_linear, dare_ties, linear, model_stock, slerp, task_arithmetic, ties")
+          "breadcrumbs, breadcrumbs_ties, dare_linear, dare_ties, linear, model_stock, passthrough, slerp, "
+          "task_arithmetic, ties")
     d = bad()
     del d["merge_method"]
     fails(tmp_path, d, "merge_method: missing; expected one of breadcrumbs, breadcrumbs_ties, dare_linear, "
-                       "dare_ties, linear, model_stock, slerp, task_arithmetic, ties")
+                       "dare_ties, linear, model_stock, passthrough, slerp, task_arithmetic, ties")
     d = bad()
     del d["base_model"]
     fails(tmp_path, d, "base_model: ties needs a base_model (the model the task vectors are taken from)")
@@ -218,13 +220,17 @@ def test_errors_name_the_file_and_key(tmp_path, models):
     d = bad()
     d["models"][1]["weight"] = 1
     fails(tmp_path, d, "models[1].weight: unknown key (a model entry has model: and parameters:)")
-    fails(tmp_path, bad(models=[]), "models: missing or empty: list the models to merge (each as `- model: PATH`)")
-    fails(tmp_path, bad(slices=[{"sources": []}]), "slices: slices (layer ranges / frankenmerges) are not supported; "
-                                                   "list whole models under models:")
+    fails(tmp_path, bad(models=[]), "models: missing or empty: list the models to merge (each as `- model: PATH`), "
+                                    "or layer ranges under slices:")
+    fails(tmp_path, bad(slices=[{"sources": []}]), "slices: give models: or slices:, not both (mergekit takes "
+                                                   "exactly one of them)")
+    fails(tmp_path, bad(modules={"text_decoder": {}}), "modules: modules are not supported; list whole models under "
+                                                       "models: or layer ranges under slices:")
     fails(tmp_path, bad(tokenizer={"source": "union"}), "tokenizer: tokenizer surgery (tokenizer:) is not supported; "
                                                         "use tokenizer_source: base or a model folder")
     fails(tmp_path, bad(name="my-merge"), "name: not supported by protege merge (supported keys: merge_method, "
-                                          "models, base_model, parameters, dtype, out_dtype, tokenizer_source)")
+                                          "models, slices, base_model, parameters, dtype, out_dtype, "
+                                          "tokenizer_source)")
     fails(tmp_path, bad(tokenizer_source="union"), "tokenizer_source: union (merging vocabularies) is not supported; "
                                                    "use base or a model folder")
     fails(tmp_path, bad(dtype="fp8"), "dtype: unknown dtype 'fp8'; expected one of bfloat16, float16, float32, "
