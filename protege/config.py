@@ -167,6 +167,13 @@ class WorldConfig(Section):
 
 
 class ModelConfig(Section):
+    # your own student: a Hugging Face checkpoint folder (absolute, or relative to the project) read with
+    # AutoModelForImageTextToText and its own processor; null: the embedded world's tiny Qwen2-VL, built by
+    # the world stage from the sizes below
+    path: str | None = None
+    trust_remote_code: bool = False   # families that ship their own code run it only when this is set
+    dtype: Literal["float32", "bfloat16"] = "float32"  # weights; bfloat16 also autocasts where supported
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30% slower
     hidden_size: int = Field(64, ge=8, le=65_536)
     num_layers: int = Field(2, ge=1, le=1024)
     num_heads: int = Field(2, ge=1, le=1024)

@@ -41,7 +41,7 @@ def answer_logprobs(model, processor: StudentProcessor, rows: list[Row], batch_s
                     progress: Callable[[int, int], None] | None = None) -> list[float]:
     """Mean token log-prob of each reference answer under the model (end-of-turn token excluded)."""
     model.eval()
-    eos = processor.tokenizer.eos_token_id
+    stops = torch.tensor(processor.stop_token_ids)
     out: list[float] = []
     for i in range(0, len(rows), batch_size):
         chunk = rows[i:i + batch_size]
@@ -50,7 +50,7 @@ def answer_logprobs(model, processor: StudentProcessor, rows: list[Row], batch_s
         logits = model(**batch).logits[:, :-1].float()  # position t predicts token t+1
         targets = batch["input_ids"][:, 1:]
         logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T-1]
-        m = (mask[:, 1:] == 1) & (targets != eos)
+        m = (mask[:, 1:] == 1) & ~torch.isin(targets, stops)
         out += ((logp * m).sum(1) / m.sum(1).clamp(min=1)).tolist()
         if progress:
             progress(min(i + batch_size, len(rows)), len(rows))

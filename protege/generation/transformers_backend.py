@@ -38,9 +38,10 @@ class Completions:
     logprobs: torch.Tensor | None = None  # [N, L] the sampled tokens' log-probs, where a backend reports them
 
 
-def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """[N, L] ids -> [N, L] mask that keeps tokens up to and including the first eos."""
-    is_eos = completion == eos_id
+def completion_mask(completion: torch.Tensor, eos_id: int | list[int]) -> torch.Tensor:
+    """[N, L] ids -> [N, L] mask that keeps tokens up to and including the first stop token (one id or a list)."""
+    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), device=completion.device)
+    is_eos = torch.isin(completion, stops)
     after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
     return (~after_eos).long()
 
@@ -76,18 +77,19 @@ def sample(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], s
     extra = {}
     if sampling.stop_at_code_block:
         extra["stopping_criteria"] = StoppingCriteriaList([CodeBlockStop(tok, prompt_len)])
-    out = model.generate(**batch, **sampling.generate_kwargs(), num_return_sequences=num_return_sequences,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+    pad = processor.pad_token_id
+    inputs = {k: v for k, v in batch.items() if k != "answer_mask"}
+    out = model.generate(**inputs, **sampling.generate_kwargs(), num_return_sequences=num_return_sequences,
+                         pad_token_id=pad, eos_token_id=processor.stop_token_ids,
                          # an image placeholder in an answer would break re-scoring the sequence
                          suppress_tokens=processor.vision_token_ids, **extra)
     model.train(was_training)
     completion = out[:, prompt_len:]
-    mask = completion_mask(completion, tok.eos_token_id)
+    mask = completion_mask(completion, processor.stop_token_ids)
     if sampling.stop_at_code_block:  # a row stopped at its closed block is followed by padding only
-        is_pad = (completion == tok.pad_token_id).long()
+        is_pad = (completion == pad).long()
         mask = mask * (is_pad.cumsum(dim=1) == 0).long()
-    texts = processor.tokenizer.batch_decode(completion * mask + processor.tokenizer.pad_token_id * (1 - mask),
-                                             skip_special_tokens=True)
+    texts = tok.batch_decode(completion * mask + pad * (1 - mask), skip_special_tokens=True)
     return Completions(out, prompt_len, mask, [t.strip() for t in texts])
 
 

@@ -11,6 +11,8 @@ torchvision: on the CPU only text-only models run here; the VLM path is for GPU 
 """
 from __future__ import annotations
 
+import json
+
 import os
 import random
 import time
@@ -69,7 +71,8 @@ def start_engine(model_path: str | Path, seed: int = 0, **kwargs):
     return llm
 
 
-def sampling_params(sampling: Sampling, n: int, seed: int | None, suppress: list[int], logprobs: bool):
+def sampling_params(sampling: Sampling, n: int, seed: int | None, suppress: list[int], logprobs: bool,
+                    stop_token_ids: list[int] | None = None):
     """vLLM's SamplingParams for our Sampling; greedy when `do_sample` is off, as in transformers."""
     vllm = require_vllm()
     greedy = not sampling.do_sample
@@ -80,6 +83,7 @@ def sampling_params(sampling: Sampling, n: int, seed: int | None, suppress: list
         # transformers' suppress_tokens: an image placeholder in an answer would break re-scoring it
         logit_bias={t: -100.0 for t in suppress} or None,
         logprobs=0 if logprobs else None,  # 0: the sampled token's own log-prob only
+        stop_token_ids=stop_token_ids or None,  # the template's end-of-turn token as well as the eos
         # tool use: vLLM has no "second fence" rule, so a closing fence followed by a newline stops the turn
         # (a fence followed by the end-of-turn token ends it anyway); stop strings need detokenizing
         **({"stop": ["\n```\n"], "include_stop_str_in_output": True, "detokenize": True}
@@ -124,11 +128,11 @@ class VLLMGenerator:
         # vLLM's CPU runner cannot rewind a seeded request's generator when chunked prefill splits its prompt
         # ("CPU Generator does not use offset"); there the engine's own seeded stream keeps runs reproducible
         params = sampling_params(sampling, num_return_sequences, seed if torch.cuda.is_available() else None,
-                                 processor.vision_token_ids, self.logprobs)
+                                 processor.vision_token_ids, self.logprobs, processor.stop_token_ids)
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         samples = [o for out in outs for o in out.outputs]  # each prompt's n samples in a row
         L = max(1, max(len(o.token_ids) for o in samples))
-        pad, eos = tok.pad_token_id, tok.eos_token_id
+        pad, eos = processor.pad_token_id, processor.stop_token_ids
         completion = torch.full((len(samples), L), pad, dtype=torch.long)
         lengths = torch.zeros(len(samples), 1, dtype=torch.long)
         logprobs = torch.zeros(len(samples), L) if self.logprobs else None
@@ -183,11 +187,23 @@ def generator_from_model(model: torch.nn.Module, processor, seed: int = 0, **eng
 
     workdir = tempfile.TemporaryDirectory(prefix="protege-vllm-")
     save_student(model, processor, workdir.name)
-    if getattr(model.config, "vision_config", None) is not None:
+    if getattr(model.config, "vision_config", None) is not None and needs_video_config(Path(workdir.name)):
         write_vllm_processor(processor, workdir.name)
     gen = VLLMGenerator(workdir.name, processor, seed=seed, **engine_kw)
     gen.workdir = workdir
     return gen
+
+
+def needs_video_config(folder: Path) -> bool:
+    """The embedded world's Qwen2-VL folder holds no video processor config (it was written without
+    torchvision); a user's checkpoint brings its own."""
+    if (folder / "video_preprocessor_config.json").exists():
+        return False
+    try:
+        named = json.loads((folder / "processor_config.json").read_text()).get("processor_class")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return named == "Qwen2VLProcessor"
 
 
 def write_vllm_processor(processor, folder: str | Path) -> None:

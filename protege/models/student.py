@@ -1,4 +1,5 @@
-"""The student: a Qwen2-VL-family model, instantiated tiny from params or loaded from a path."""
+"""The student: any image-text-to-text model loaded from a Hugging Face folder, or the embedded world's
+tiny Qwen2-VL built from params (then saved as such a folder and loaded like any other)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +8,7 @@ import torch
 from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
 from protege.config import ModelConfig
+from protege.models.hf_folder import check_folder
 from protege.models.processor import StudentProcessor
 from protege.models.tokenizer import EOS, IMAGE_PAD, PAD, VIDEO_PAD, VISION_END, VISION_START
 
@@ -49,10 +51,16 @@ def save_student(model, processor: StudentProcessor, path: str | Path) -> None:
     processor.save_pretrained(path)
 
 
-def load_student(path: str | Path, dtype=torch.float32) -> tuple[Qwen2VLForConditionalGeneration, StudentProcessor]:
+def load_student(path: str | Path, dtype=torch.float32, trust_remote_code: bool = False):
+    """(model, processor) of a checkpoint folder, through AutoModelForImageTextToText and the folder's own
+    processor; the folder is checked first (CheckpointError names what is missing)."""
+    from transformers import AutoModelForImageTextToText
+
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path}: no student checkpoint here (config.json missing); "
                                 "run the stage that writes it first")
-    model = Qwen2VLForConditionalGeneration.from_pretrained(str(path), dtype=dtype, use_safetensors=True)
-    return model, StudentProcessor.from_pretrained(path)
+    check_folder(path, trust_remote_code)
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype, use_safetensors=True,
+                                                        trust_remote_code=trust_remote_code)
+    return model, StudentProcessor.from_pretrained(path, trust_remote_code)

@@ -68,13 +68,13 @@ def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k:
     turns = [(i, j) for i, e in enumerate(eps) for j in range(e.turns)]
     picked = rng.sample(turns, min(k, len(turns)))
     contexts = [eps[i].prefix(j) for i, j in picked]
-    batch = {key: v.to(device) for key, v in prompt_batch(processor, [(ids, vis) for ids, vis, _ in contexts]).items()}
-    out = complete(teacher, processor, batch, [ims for *_, ims in contexts], sampling)
+    batch = {key: v.to(device) for key, v in prompt_batch(processor, contexts).items()}
+    out = complete(teacher, processor, batch, [ims for _, ims in contexts], sampling)
     tok = processor.tokenizer
     rows, parsed = [], 0
-    for r, (ids, vision, _) in enumerate(contexts):
+    for r, (ids, images) in enumerate(contexts):
         gen = out.sequences[r, out.prompt_len:][out.completion_mask[r].bool()].tolist()
-        body = gen[:-1] if gen and gen[-1] == tok.eos_token_id else gen
+        body = gen[:-1] if gen and gen[-1] in processor.stop_token_ids else gen
         cut = action_start(tok.decode(body))
         n_thought = 0
         if cut is not None:
@@ -82,7 +82,7 @@ def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k:
             while n_thought < len(body) and len(tok.decode(body[:n_thought + 1])) <= cut:
                 n_thought += 1
         seq = ids + gen
-        rows.append((seq, [0] * len(ids) + [1] * n_thought + [0] * (len(gen) - n_thought), [0] * len(seq), vision))
+        rows.append((seq, [0] * len(ids) + [1] * n_thought + [0] * (len(gen) - n_thought), [0] * len(seq), images))
     if not parsed:
         return None
     return ThoughtBatch(batch_to(pack(processor, rows), device), len(contexts), parsed)

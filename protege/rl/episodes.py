@@ -25,7 +25,6 @@ from PIL import Image
 
 from protege.generation.transformers_backend import Sampling, complete
 from protege.models.processor import StudentProcessor
-from protege.models.tokenizer import EOS, IM_START, IMAGE_PAD, VISION_END, VISION_START
 
 
 class Env(Protocol):
@@ -40,7 +39,7 @@ class Episode:
     loss_mask: list[int]                 # 1 on the policy's own tokens
     turn_of: list[int]                   # per token: the turn it belongs to (an observation opens its turn)
     images: list[Image.Image] = field(default_factory=list)   # in the order their placeholders appear
-    vision: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per image: (patches, grid [3])
+    image_at: list[int] = field(default_factory=list)          # per image: where its observation starts in ids
     spans: list[tuple[int, int]] = field(default_factory=list)  # per turn: [start, end) of the policy's tokens
     texts: list[str] = field(default_factory=list)             # per turn: the policy's output as text
     rewards: list[float] = field(default_factory=list)         # per turn
@@ -60,67 +59,44 @@ class Episode:
     def success(self) -> bool:
         return any(i.get("success", False) for i in self.infos)
 
-    image_token: int = -1                # the processor's image placeholder id
     per_turn: list["Episode"] | None = None  # context "current": one single-turn sequence per turn
 
-    def rows(self) -> list[tuple[list[int], list[int], list[int], list]]:
-        """The episode's training sequences: (ids, loss mask, turn per token, per-image vision) each."""
+    def rows(self) -> list[tuple[list[int], list[int], list[int], list[Image.Image]]]:
+        """The episode's training sequences: (ids, loss mask, turn per token, images) each."""
         if self.per_turn is None:
-            return [(self.ids, self.loss_mask, self.turn_of, self.vision)]
-        return [(t.ids, t.loss_mask, [j] * len(t.ids), t.vision) for j, t in enumerate(self.per_turn)]
+            return [(self.ids, self.loss_mask, self.turn_of, self.images)]
+        return [(t.ids, t.loss_mask, [j] * len(t.ids), t.images) for j, t in enumerate(self.per_turn)]
 
-    def prefix(self, turn: int) -> tuple[list[int], list, list[Image.Image]]:
-        """`turn`'s context: the tokens before its policy output, with the vision inputs and images they hold."""
+    def prefix(self, turn: int) -> tuple[list[int], list[Image.Image]]:
+        """`turn`'s context: the tokens before its policy output, with the images they hold."""
         if self.per_turn is not None:
             return self.per_turn[turn].prefix(0)
-        ids = self.ids[:self.spans[turn][0]]
-        n = sum(1 for _ in _image_runs(ids, self.image_token))
-        return ids, self.vision[:n], self.images[:n]
-
-
-def _image_runs(ids: list[int], image_token: int):
-    """Start index of each run of image placeholder tokens (one run per image)."""
-    prev = None
-    for i, t in enumerate(ids):
-        if t == image_token and prev != image_token:
-            yield i
-        prev = t
+        start = self.spans[turn][0]
+        return self.ids[:start], [im for im, at in zip(self.images, self.image_at) if at < start]
 
 
 def observation_text(processor: StudentProcessor, text: str, n_images: int, role: str = "user",
                      first: bool = False) -> str:
     """One observation turn in the chat template's layout, ending with the assistant's header. The first
     one is the template's own prompt (always the user's: under context "current" a tool's output opens a
-    sequence as its prompt); a later one continues after the previous end-of-turn token."""
+    sequence as its prompt); a later one is what the template writes after the previous end-of-turn."""
     if first:
         return processor.prompt(text, n_images)
-    images = f"{VISION_START}{IMAGE_PAD}{VISION_END}" * n_images
-    return f"\n{IM_START}{role}\n{images}{text}{EOS}\n{IM_START}assistant\n"
+    return processor.continuation(text, n_images, role)
 
 
-def _observation_tokens(processor: StudentProcessor, obs, first: bool) -> tuple[list[int], list, list]:
-    """(token ids with image placeholders expanded, images, per-image (patches, grid))."""
+def _observation_tokens(processor: StudentProcessor, obs, first: bool) -> tuple[list[int], list]:
+    """(token ids with image placeholders expanded, images)."""
     image = getattr(obs, "image", None)
     images = [] if image is None else list(image) if isinstance(image, (list, tuple)) else [image]
     text = observation_text(processor, obs.text, len(images), getattr(obs, "role", "user") or "user", first)
-    vision = []
-    if images:
-        vis = processor._images([images])
-        grids = vis["image_grid_thw"]
-        patches = vis["pixel_values"].split(grids.prod(dim=1).tolist())
-        vision = [(p, g) for p, g in zip(patches, grids)]
-        merge = processor.image_processor.merge_size ** 2
-        head, parts = "", text.split(IMAGE_PAD)
-        for part, (_, g) in zip(parts[:-1], vision):
-            head += part + IMAGE_PAD * (int(g.prod()) // merge)
-        text = head + parts[-1]
-    return processor.tokenizer(text, add_special_tokens=False)["input_ids"], images, vision
+    return processor.expand(text, images), images
 
 
 def start_episode(processor: StudentProcessor, obs) -> Episode:
-    ids, images, vision = _observation_tokens(processor, obs, first=True)
-    return Episode(ids=ids, loss_mask=[0] * len(ids), turn_of=[0] * len(ids), images=images, vision=vision,
-                   image_token=processor.image_token_id)
+    ids, images = _observation_tokens(processor, obs, first=True)
+    return Episode(ids=ids, loss_mask=[0] * len(ids), turn_of=[0] * len(ids), images=images,
+                   image_at=[0] * len(images))
 
 
 def add_policy_turn(ep: Episode, ids: list[int], text: str, eos_id: int) -> None:
@@ -140,32 +116,17 @@ def add_policy_turn(ep: Episode, ids: list[int], text: str, eos_id: int) -> None
 
 
 def add_observation(processor: StudentProcessor, ep: Episode, obs) -> None:
-    ids, images, vision = _observation_tokens(processor, obs, first=False)
+    ids, images = _observation_tokens(processor, obs, first=False)
+    ep.image_at += [len(ep.ids)] * len(images)
     ep.ids += ids
     ep.loss_mask += [0] * len(ids)
     ep.turn_of += [len(ep.spans)] * len(ids)
     ep.images += images
-    ep.vision += vision
 
 
 def prompt_batch(processor: StudentProcessor, prefixes: Sequence[tuple[list[int], list]]) -> dict[str, torch.Tensor]:
-    """Left-padded generation inputs from (token ids, per-image (patches, grid)) pairs."""
-    pad = processor.tokenizer.pad_token_id
-    width = max(len(ids) for ids, _ in prefixes)
-    input_ids = torch.full((len(prefixes), width), pad, dtype=torch.long)
-    attn = torch.zeros((len(prefixes), width), dtype=torch.long)
-    for i, (ids, _) in enumerate(prefixes):
-        input_ids[i, width - len(ids):] = torch.tensor(ids)
-        attn[i, width - len(ids):] = 1
-    return _with_vision(processor, {"input_ids": input_ids, "attention_mask": attn}, [v for _, v in prefixes])
-
-
-def _with_vision(processor: StudentProcessor, batch: dict, vision: Sequence[list]) -> dict[str, torch.Tensor]:
-    flat = [v for per_row in vision for v in per_row]
-    if flat:  # transformers 5 requires mm_token_type_ids whenever image_grid_thw is passed
-        batch.update(pixel_values=torch.cat([p for p, _ in flat]), image_grid_thw=torch.stack([g for _, g in flat]),
-                     mm_token_type_ids=(batch["input_ids"] == processor.image_token_id).long())
-    return batch
+    """Left-padded generation inputs from (token ids, images) pairs."""
+    return processor.assemble([ids for ids, _ in prefixes], [ims for _, ims in prefixes], padding_side="left")
 
 
 CONTEXTS = ("full", "current")
@@ -181,24 +142,22 @@ def play(policy, processor: StudentProcessor, envs: Sequence[Env], seeds: Sequen
     `policy` may be a transformers model or a generation engine (see generation.complete)."""
     if context not in CONTEXTS:
         raise ValueError(f"unknown episode context {context!r}; expected one of {CONTEXTS}")
-    tok = processor.tokenizer
     eps = [start_episode(processor, env.reset(seed)) for env, seed in zip(envs, seeds)]
     current = {}  # context "current": the running episodes' current turn, a sequence of its own
     if context == "current":
         for i, ep in enumerate(eps):
-            current[i], eps[i] = ep, Episode(ids=[], loss_mask=[], turn_of=[], per_turn=[],
-                                             image_token=processor.image_token_id)
+            current[i], eps[i] = ep, Episode(ids=[], loss_mask=[], turn_of=[], per_turn=[])
     rnd = 0
     while running := [i for i, e in enumerate(eps) if not e.done]:
         seqs = [current.get(i, eps[i]) for i in running]
-        batch = prompt_batch(processor, [(s.ids, s.vision) for s in seqs])
+        batch = prompt_batch(processor, [(s.ids, s.images) for s in seqs])
         if device is not None:
             batch = {k: v.to(device) for k, v in batch.items()}
         out = complete(policy, processor, batch, [s.images for s in seqs], sampling)
         for k, i in enumerate(running):
             ep, seq = eps[i], seqs[k]
             ids = out.sequences[k, out.prompt_len:][out.completion_mask[k].bool()].tolist()
-            add_policy_turn(seq, ids, out.texts[k], tok.eos_token_id)
+            add_policy_turn(seq, ids, out.texts[k], processor.eos_token_id)
             if seq is not ep:
                 ep.per_turn.append(seq)
                 ep.texts.append(out.texts[k])
@@ -234,20 +193,15 @@ class EpisodeBatch:
 
 
 def pack(processor: StudentProcessor, seqs: Sequence[tuple[list[int], list[int], list[int], list]]) -> EpisodeBatch:
-    """(ids, loss mask, turn per token, per-image vision) per row -> one batch, right-padded."""
-    pad = processor.tokenizer.pad_token_id
+    """(ids, loss mask, turn per token, images) per row -> one batch, right-padded."""
     T = max(len(ids) for ids, *_ in seqs)
     N = len(seqs)
-    input_ids = torch.full((N, T), pad, dtype=torch.long)
-    attn = torch.zeros((N, T), dtype=torch.long)
     mask = torch.zeros((N, T), dtype=torch.long)
     turn = torch.full((N, T), -1, dtype=torch.long)
     for i, (ids, lm, tn, _) in enumerate(seqs):
-        input_ids[i, :len(ids)] = torch.tensor(ids)
-        attn[i, :len(ids)] = 1
         mask[i, :len(ids)] = torch.tensor(lm)
         turn[i, :len(ids)] = torch.tensor(tn)
-    inputs = _with_vision(processor, {"input_ids": input_ids, "attention_mask": attn}, [v for *_, v in seqs])
+    inputs = processor.assemble([ids for ids, *_ in seqs], [ims for *_, ims in seqs], padding_side="right")
     return EpisodeBatch(inputs, mask[:, 1:], turn[:, 1:])
 
 
@@ -269,9 +223,7 @@ def per_episode(row_sums: torch.Tensor, row_counts: torch.Tensor, owner: torch.T
 def sequence_logprobs(model, batch: EpisodeBatch, with_entropy: bool = False):
     """log pi(x_{t+1} | x_<=t) for every position of the batch: [N, T - 1] (and the entropy there)."""
     inputs = batch.inputs
-    extra = {"mm_token_type_ids": inputs["mm_token_type_ids"], "pixel_values": inputs["pixel_values"],
-             "image_grid_thw": inputs["image_grid_thw"]} if "image_grid_thw" in inputs else {}
-    out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False, **extra)
+    out = model(**inputs, use_cache=False)
     logp_all = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)  # [N, T-1, V]
     logp = logp_all.gather(-1, inputs["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)  # [N, T-1]
     if not with_entropy:

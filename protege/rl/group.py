@@ -6,7 +6,7 @@ import torch
 from protege.generation.transformers_backend import Completions
 
 
-def build_group(student: Completions, prompt_ids: torch.Tensor, teacher_texts: list[list[str]], tokenizer,
+def build_group(student: Completions, prompt_ids: torch.Tensor, teacher_texts: list[list[str]], processor,
                 G: int) -> tuple[Completions, torch.Tensor, list[str]]:
     """Rows per question: its G student samples, then its teacher answers (tokenized + end-of-turn).
 
@@ -15,7 +15,7 @@ def build_group(student: Completions, prompt_ids: torch.Tensor, teacher_texts: l
     """
     P = student.prompt_len
     s_comp, s_mask = student.sequences[:, P:], student.completion_mask  # [B*G, Ls]
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    pad, eos, tokenizer = processor.pad_token_id, processor.eos_token_id, processor.tokenizer
     t_ids = [[tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts] for texts in teacher_texts]
     L = max([s_comp.shape[1]] + [len(x) for q in t_ids for x in q])
     dev = prompt_ids.device  # the group is built where the models will score it

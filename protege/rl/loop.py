@@ -29,7 +29,7 @@ from protege.rewards.similarity import similarity_reward
 from protege.rl.advantages import group_advantages
 from protege.paths import checkpoints
 from protege.rl.group import build_group
-from protege.rl.logprobs import completion_logprobs, repeat_vision
+from protege.rl.logprobs import completion_logprobs
 from protege.rl.losses import policy_loss
 from protege.rl.trainable import select_trainable
 from protege.train.runtime.distributed import barrier, world
@@ -217,7 +217,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             student = complete(rollout, processor, prompts, [r.image for r in batch_rows], sampling, G)
         rollout_s = time.perf_counter() - t_rollout
         group, is_teacher, texts = build_group(student, prompts["input_ids"],
-                                               teacher_texts if with_teachers else [[] for _ in batch_rows], tok, G)
+                                               teacher_texts if with_teachers else [[] for _ in batch_rows], processor, G)
         per_q = group.sequences.shape[0] // len(batch_rows)
 
         # 3. RIL: mu_d discriminator updates on student (1) vs teacher (0) answers, then score the group
@@ -254,11 +254,10 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
 
         # 5. one policy update (mu = 1): pi_old equals pi_theta before this step, so its log-probs (student
         #    and teacher tokens alike) are the detached current ones and the ratio starts at exactly 1
-        vision = repeat_vision(prompts, per_q)
+        row_inputs = processor.repeat_rows(prompts, [r.image for r in batch_rows], per_q)
         with torch.no_grad(), visiting(ref, device, offload_ref):
-            logp_ref = completion_logprobs(ref, group, vision, processor.image_token_id, tok.pad_token_id)
-        logp, entropy = completion_logprobs(policy, group, vision, processor.image_token_id, tok.pad_token_id,
-                                            with_entropy=True)
+            logp_ref = completion_logprobs(ref, group, row_inputs, processor)
+        logp, entropy = completion_logprobs(policy, group, row_inputs, processor, with_entropy=True)
         mask = group.completion_mask.float()
         loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv.to(device), mask, clip_eps=cfg.clip_eps,
                                   kl_beta=cfg.kl_beta, aggregation="grpo" if cfg.algorithm == "grpo" else "dr_grpo",

@@ -132,7 +132,7 @@ class TransformersTeacher:
         s = Sampling(do_sample=self.sampling.temperature > 0, temperature=max(self.sampling.temperature, 1e-5),
                      top_p=self.sampling.top_p, top_k=0, max_new_tokens=self.sampling.max_tokens)
         torch.manual_seed(self.seed)
-        eos = self.processor.tokenizer.eos_token_id
+        stops = torch.tensor(self.processor.stop_token_ids)
         for i in range(0, len(requests), self.batch_size):
             chunk = requests[i:i + self.batch_size]
             images = []
@@ -149,7 +149,7 @@ class TransformersTeacher:
             prompt_tokens = batch["attention_mask"].sum(dim=1).tolist()
             for j, r in enumerate(chunk):
                 n = int(c.completion_mask[j].sum())
-                ended = bool((c.sequences[j, c.prompt_len:][:n] == eos).any())
+                ended = bool(torch.isin(c.sequences[j, c.prompt_len:][:n], stops).any())
                 on_outcome(TeacherAnswer(r.key, c.texts[j], latency, int(prompt_tokens[j]), n,
                                          "stop" if ended else "length"))
 

@@ -30,17 +30,15 @@ def grid_params(cfg: AgentConfig, image_size: int) -> GridParams:
 def expert_as_episode(processor: StudentProcessor, turns, context: str = "full") -> Episode:
     """(observation, solver text) per turn -> the episode as the policy would have played it (`context`
     as in protege.rl.episodes.play)."""
-    tok = processor.tokenizer
+    tok, eos = processor.tokenizer, processor.eos_token_id
     if context == "current":
         parts = [expert_as_episode(processor, [turn]) for turn in turns]
-        return Episode(ids=[], loss_mask=[], turn_of=[], per_turn=parts, texts=[t for _, t in turns],
-                       image_token=processor.image_token_id)
+        return Episode(ids=[], loss_mask=[], turn_of=[], per_turn=parts, texts=[t for _, t in turns])
     ep = start_episode(processor, turns[0][0])
     for j, (obs, text) in enumerate(turns):
         if j:
             add_observation(processor, ep, obs)
-        add_policy_turn(ep, tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id], text,
-                        tok.eos_token_id)
+        add_policy_turn(ep, tok(text, add_special_tokens=False)["input_ids"] + [eos], text, eos)
     return ep
 
 

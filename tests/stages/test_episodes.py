@@ -55,8 +55,8 @@ def test_play_episodes_of_different_lengths(tiny_student, tiny_processor):
         for j, (a, b) in enumerate(e.spans):
             assert all(e.loss_mask[a:b]) and all(t == j for t in e.turn_of[a:b])
             # a turn's tokens are exactly what follows its context
-            ids, vision, images = e.prefix(j)
-            assert ids == e.ids[:a] and len(vision) == len(images)
+            ids, images = e.prefix(j)
+            assert ids == e.ids[:a] and len(images) == (1 if j < 2 else 2)  # the picture arrives after turn 2
         assert sum(e.loss_mask) == sum(b - a for a, b in e.spans)
         text = tok.decode(e.ids)
         assert text.count("<|im_start|>assistant") == e.turns
@@ -68,9 +68,7 @@ def test_play_episodes_of_different_lengths(tiny_student, tiny_processor):
     tiny_student.eval()
     with torch.no_grad():
         inputs = batch.inputs
-        out = tiny_student(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                           mm_token_type_ids=inputs["mm_token_type_ids"], pixel_values=inputs["pixel_values"],
-                           image_grid_thw=inputs["image_grid_thw"], use_cache=False)
+        out = tiny_student(**inputs, use_cache=False)
         logp = sequence_logprobs(tiny_student, batch)
     logits = out.logits[:, :-1].clone()
     logits[..., tiny_processor.vision_token_ids] = float("-inf")  # generation never writes vision tokens
@@ -110,8 +108,8 @@ def test_current_context_makes_one_row_per_turn(tiny_student, tiny_processor):
     for e in eps:
         for j, turn in enumerate(e.per_turn):
             assert tok.decode(turn.ids).count("<|im_start|>") == 2  # one user (or tool) turn, one assistant turn
-            ids, vision, images = e.prefix(j)
-            assert ids == turn.ids[:turn.spans[0][0]] and len(vision) == len(images) <= 1
+            ids, images = e.prefix(j)
+            assert ids == turn.ids[:turn.spans[0][0]] and len(images) <= 1
     batch = pack_episodes(tiny_processor, eps)
     assert batch.owner.tolist() == [0, 1, 1, 1] and batch.n == 4
     assert int(batch.loss_mask.sum()) == sum(sum(t.loss_mask) for e in eps for t in e.per_turn)

@@ -116,3 +116,19 @@ def test_a_repeated_image_is_processed_once_with_the_same_result(tiny_processor,
     b = tiny_processor.encode_pairs(qs, shared + [two.image], answers)
     for key in ("pixel_values", "image_grid_thw", "input_ids", "mm_token_type_ids"):
         assert torch.equal(a[key], b[key]), key
+
+
+def test_selected_rows_keep_each_prompts_images_together(tiny_processor, tiny_world):
+    """G samples of a prompt repeat its images with it, in order: the same inputs as encoding the repeated
+    prompts, for prompts with two images, one, and none."""
+    rows = load_rows(tiny_world / "test.parquet")[:3]
+    images = [[rows[0].image, rows[1].image], rows[2].image, None]
+    questions = ["Which image has more shapes?", "What colour?", "What is 2+2?"]
+    batch = tiny_processor.encode_prompts(questions, images)
+    order = [0, 0, 1, 2, 1, 2, 0]
+    picked = tiny_processor.select_rows(batch, images, order)
+    again = tiny_processor.encode_prompts([questions[i] for i in order], [images[i] for i in order])
+    assert set(picked) == set(again)
+    for key in again:
+        assert torch.equal(picked[key], again[key]), key
+    assert picked["image_grid_thw"].shape[0] == 2 * 3 + 2  # rows 0 (x3, two images) and 1 (x2, one image)

@@ -96,16 +96,3 @@ def test_similarity_rewards():
     assert similarity_reward(d, "levels:3").tolist() == [1.0, 0.5, 0.5, 0.0]  # 1 - D rounded to {0, .5, 1}
     with pytest.raises(ValueError):
         similarity_reward(d, "levels:1")
-
-
-def test_repeat_vision_keeps_each_prompts_images_together():
-    from protege.rl.logprobs import repeat_vision
-
-    # prompt 0 holds two images, prompt 1 one; 4 patches per image, 4 patches per image token
-    grid = torch.tensor([[1, 2, 2], [1, 2, 2], [1, 2, 2]])
-    pixels = torch.arange(12.0).view(12, 1)
-    mm = torch.tensor([[1, 1, 0], [0, 0, 1]])
-    out = repeat_vision({"image_grid_thw": grid, "pixel_values": pixels, "mm_token_type_ids": mm}, 2)
-    first, second, third = [0.0, 1, 2, 3], [4.0, 5, 6, 7], [8.0, 9, 10, 11]
-    assert out["pixel_values"].view(-1).tolist() == first + second + first + second + third + third
-    assert out["image_grid_thw"].shape == (6, 3)

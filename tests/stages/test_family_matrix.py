@@ -1,0 +1,163 @@
+"""Every VLM family through every stage's code, as a user's own checkpoint folder would go.
+
+Each family of tests/families.py (a tiny random checkpoint saved with its real processor class and a chat
+template in its style) goes sft -> curate -> disc_pretrain -> rl (ril) -> merge -> evaluate, plus one agent
+RL step (and one tool RL step where bubblewrap is installed). Every run checks that losses are finite, that
+trained parameters moved and frozen ones did not, that saved checkpoints reload with plain
+AutoModelForImageTextToText, that batched greedy generation equals one prompt at a time, and that the
+training forward's log-probs equal a plain forward's.
+"""
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+
+from protege.config import AgentConfig, DiscPretrainConfig, RLConfig, SFTConfig, ToolConfig
+from protege.data.curate import answer_logprobs
+from protege.data.rows import load_rows
+from protege.generation.transformers_backend import Sampling, generate_answers, sample
+from protege.merging.config import parse_config
+from protege.merging.streaming import merge_folders
+from protege.models.discriminator import Discriminator
+from protege.models.student import load_student, save_student
+from protege.rl.agent_loop import run_agent_rl
+from protege.rl.logprobs import completion_logprobs
+from protege.rl.loop import RLInputs, run_rl
+from protege.train.disc_pretrain import Example, pretrain_discriminator
+from protege.train.sft import train_sft
+from tests.families import FAMILIES, build_family
+
+GREEDY = Sampling(max_new_tokens=4)
+
+
+def state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def moved(before: dict, model) -> set[str]:
+    return {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+
+
+def reloads_equal(folder, model) -> None:
+    again = AutoModelForImageTextToText.from_pretrained(str(folder), use_safetensors=True)
+    mine, theirs = model.state_dict(), again.state_dict()
+    assert set(mine) == set(theirs)
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def greedy_batched_equals_one_by_one(model, processor, rows) -> None:
+    qs, ims = [r.question for r in rows], [r.image for r in rows]
+    batched = sample(model, processor, processor.encode_prompts(qs, ims), GREEDY)
+    for i, (q, im) in enumerate(zip(qs, ims)):
+        one = sample(model, processor, processor.encode_prompts([q], [im]), GREEDY)
+        n = int(one.completion_mask[0].sum())
+        got = batched.sequences[i, batched.prompt_len:][:n]
+        assert torch.equal(got, one.sequences[0, one.prompt_len:][:n]), (i, processor.tokenizer.decode(got))
+
+
+def training_logprobs_equal_a_plain_forward(model, processor, rows) -> None:
+    """The left-padded batch's log-probs (the RL update's forward) against each row alone, unpadded."""
+    ims = [r.image for r in rows]
+    prompts = processor.encode_prompts([r.question for r in rows], ims)
+    c = sample(model, processor, prompts, Sampling(do_sample=True, max_new_tokens=5))
+    with torch.no_grad():
+        batched = completion_logprobs(model, c, processor.repeat_rows(prompts, ims, 1), processor)
+        for i, r in enumerate(rows):
+            keep = prompts["attention_mask"][i].bool()
+            n = int(c.completion_mask[i].sum())
+            ids = c.sequences[i, :c.prompt_len][keep].tolist() + c.sequences[i, c.prompt_len:][:n].tolist()
+            images = r.image if isinstance(r.image, list) else [r.image]
+            logits = model(**processor.assemble([ids], [images]), use_cache=False).logits[0].float()
+            p = len(ids) - n
+            plain = torch.log_softmax(logits[p - 1:-1], -1).gather(-1, torch.tensor(ids[p:]).unsqueeze(-1)).squeeze(-1)
+            assert torch.allclose(batched[i, :n], plain, atol=2e-4), (i, batched[i, :n], plain)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_goes_through_every_stage(family, tmp_path, tiny_world):
+    if family in ("smolvlm", "idefics3"):
+        pytest.importorskip("num2words", reason="SmolVLM's processor imports num2words")
+    base = build_family(family, tmp_path / "base")
+    model, processor = load_student(base)
+    train = [r for r in load_rows(tiny_world / "train.parquet") if not isinstance(r.image, list)][:12]
+    rl_rows = load_rows(tiny_world / "rl.parquet")[:4]
+
+    # sft: finite losses, every weight trainable moves; the checkpoint reloads with plain transformers
+    before = state(model)
+    logs = []
+    train_sft(model, processor, train, SFTConfig(steps=3, batch_size=4, lr=3e-3, log_every=1), seed=0,
+              on_log=lambda s, m: logs.append(m))
+    assert logs and all(torch.isfinite(torch.tensor(m["loss"])) for m in logs)
+    assert moved(before, model)
+    save_student(model, processor, tmp_path / "sft")
+    reloads_equal(tmp_path / "sft", model)
+    greedy_batched_equals_one_by_one(model, processor, train[:3])
+    training_logprobs_equal_a_plain_forward(model, processor, train[:3])
+
+    # curate: log-prob scoring and token lengths
+    lp = answer_logprobs(model, processor, train[:4], batch_size=2)
+    assert len(lp) == 4 and all(x <= 0 and x == x for x in lp)
+    assert processor.token_length(train[0].question, train[0].answer, train[0].image) > len(train[0].answer)
+
+    # disc_pretrain: the family's base model + a head, saved and reloaded as a folder
+    disc = Discriminator.from_student(tmp_path / "sft")
+    examples = [Example(r.id, r.question, r.image, a, label) for r in train[:6]
+                for a, label in ((r.answer, 1.0), (f"The answer is {r.answer}.", 0.0))]
+    result = pretrain_discriminator(disc, processor, examples, DiscPretrainConfig(steps=2, batch_size=4), seed=0)
+    assert 0 <= result["heldout_accuracy"] <= 1
+    disc.save(tmp_path / "disc")
+    again = Discriminator.load(tmp_path / "disc")
+    batch = processor.encode_pairs([r.question for r in train[:2]], [r.image for r in train[:2]], ["1", "2"])
+    with torch.no_grad():
+        assert torch.allclose(disc.eval()(**batch), again.eval()(**batch), atol=1e-5)
+
+    # rl (ril): policy and discriminator train; the default group leaves the MLPs alone
+    before = state(model)
+    answers = {r.id: [("concise", f"{r.answer}."), ("verbose", f"The answer is {r.answer}.")] for r in rl_rows}
+    rl_logs = []
+    saved = run_rl(model, copy.deepcopy(model), processor, RLInputs(rl_rows, answers, disc),
+                   RLConfig(steps=2, questions_per_step=2, group_size=2, max_new_tokens=4, save_every=1,
+                            lr=1e-3, algorithm="ril"), tmp_path / "rl", seed=0, on_log=lambda s, m: rl_logs.append(m))
+    assert len(rl_logs) == 2 and all(torch.isfinite(torch.tensor(m["loss"])) for m in rl_logs)
+    changed = moved(before, model)
+    assert any("lm_head" in k or "embed_tokens" in k or "self_attn" in k for k in changed)
+    assert not any(".mlp." in k for k in changed), sorted(changed)
+    reloads_equal(saved[-1], model)
+
+    # merge: a linear soup of the RL checkpoints, with the processor's files carried along
+    merge_folders(parse_config({"merge_method": "linear", "models": [{"model": str(p), "parameters": {"weight": 1.0}}
+                                                                      for p in saved]}, source="test"),
+                  tmp_path / "merged", overwrite=True)
+    merged, merged_processor = load_student(tmp_path / "merged")
+
+    # evaluate: batched greedy answers from the merged checkpoint
+    texts, tokens, _ = generate_answers(merged, merged_processor, [r.question for r in rl_rows],
+                                        [r.image for r in rl_rows], GREEDY, batch_size=2)
+    assert len(texts) == 4 and all(0 < t <= 4 for t in tokens)
+
+    # one agent RL step (multi-turn: each turn's observation rendered by the family's template)
+    agent = AgentConfig.model_validate({"grid": {"max_turns": 2}, "rl": {"steps": 1, "seeds_per_step": 2,
+                                                                          "group_size": 2, "max_new_tokens": 6,
+                                                                          "save_every": 1, "lr": 1e-3}})
+    a_logs = []
+    run_agent_rl(merged, merged_processor, agent, 64, tmp_path / "agent", seed=0, on_log=lambda s, m: a_logs.append(m))
+    assert len(a_logs) == 1 and torch.isfinite(torch.tensor(a_logs[0]["loss"]))
+
+
+@pytest.mark.parametrize("family", ["gemma3", "smolvlm"])
+def test_one_tool_rl_step(family, tmp_path):
+    from protege.tools.sandbox import isolation_tool
+
+    if isolation_tool() is None:
+        pytest.skip("bubblewrap (bwrap) is not installed: the tool environment refuses to run model code")
+    if family == "smolvlm":
+        pytest.importorskip("num2words", reason="SmolVLM's processor imports num2words")
+    model, processor = load_student(build_family(family, tmp_path / "base"))
+    tool = ToolConfig.model_validate({"task": {"kinds": ["arithmetic"]},
+                                      "rl": {"steps": 1, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 16,
+                                             "save_every": 1, "lr": 1e-3},
+                                      "sandbox": {"timeout_s": 2.0}})
+    logs = []
+    run_agent_rl(model, processor, tool, 64, tmp_path / "tool", seed=0, on_log=lambda s, m: logs.append(m))
+    assert len(logs) == 1 and torch.isfinite(torch.tensor(logs[0]["loss"]))
