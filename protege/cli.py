@@ -21,6 +21,8 @@ eval_app = typer.Typer(no_args_is_help=True, help="Score, run and compare benchm
 app.add_typer(eval_app, name="eval")
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run Python the way the RL trainer runs model-written code.")
 app.add_typer(sandbox_app, name="sandbox")
+model_app = typer.Typer(no_args_is_help=True, help="Check and pin your own student (model.path).")
+app.add_typer(model_app, name="model")
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -116,7 +118,9 @@ def pipeline(project: Path = typer.Option(Path("."), help="project folder (holds
     """Run the whole pipeline as a Prefect flow (each stage through DVC, tracked in MLflow)."""
     from protege.pipeline import missing_dag_params
 
-    _config(project / params)
+    cfg = _config(project / params)
+    if cfg.model.path is not None:
+        _pin(project, params, cfg)
     missing = missing_dag_params(project, str(params))
     if missing:
         _fail(f"{project / params}: dvc.yaml tracks {', '.join(missing)} but the file does not set them; "
@@ -124,6 +128,54 @@ def pipeline(project: Path = typer.Option(Path("."), help="project folder (holds
     # the flow lives outside the library (the library never imports Prefect): run it as its own process
     code = subprocess.call([sys.executable, "-m", "flows.pipeline", "--project", str(project)], env=os.environ.copy())
     raise typer.Exit(code)
+
+
+def _pin(project: Path, params: Path, cfg) -> str:
+    """Writes model.path's content digest as model.digest (DVC then sees a changed model as a changed param)."""
+    from protege.errors import UserFacingError
+    from protege.pipeline import set_param
+    from protege.stages.common import model_path, pinned_digest
+
+    try:
+        digest = pinned_digest(cfg, project)
+    except UserFacingError as exc:
+        _fail(str(exc), code=1)
+    if set_param(project, "model.digest", digest, str(params)):
+        typer.echo(f"{project / params}: model.digest = {digest} ({model_path(cfg, project)})", err=True)
+    return digest
+
+
+@model_app.command("pin")
+def model_pin(project: Path = typer.Option(Path("."), help="project folder"),
+              params: Path = typer.Option(Path("params.yaml"), help="params file")) -> None:
+    """Record model.path's content digest in the params file as model.digest (the stages refuse a model.path
+    whose files changed since; `protege pipeline` pins before it runs)."""
+    cfg = _config(project / params)
+    if cfg.model.path is None:
+        _fail(f"{project / params}: model.path is not set (the embedded world's student needs no pin)")
+    typer.echo(_pin(project, params, cfg))
+
+
+@model_app.command("check")
+def model_check(path: Path = typer.Argument(..., help="a Hugging Face checkpoint folder"),
+                trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="run the family's own code")
+                ) -> None:
+    """Check a folder the way every stage will read it, before any compute: config, safetensors weights, an
+    image-text-to-text class, the processor and its chat template; prints what protege reads off it."""
+    from protege.errors import UserFacingError
+    from protege.models.hf_folder import architecture, check_folder
+    from protege.models.processor import StudentProcessor
+
+    try:
+        config = check_folder(path, trust_remote_code)
+        p = StudentProcessor.from_pretrained(path, trust_remote_code)
+        info = {"architecture": architecture(config), "model_type": config["model_type"],
+                "processor": type(p.processor).__name__, "end_of_turn": p.end_of_turn,
+                "stop_token_ids": p.stop_token_ids, "image_token_id": p.image_token_id,
+                "placed_image_token_ids": p.vision_token_ids, "prompt": p.prompt("QUESTION", 1)}
+    except (UserFacingError, OSError, ValueError) as exc:
+        _fail(_one_line(exc), code=1)
+    typer.echo(json.dumps(info, indent=2, ensure_ascii=False))
 
 
 @app.command()

@@ -171,6 +171,9 @@ class ModelConfig(Section):
     # AutoModelForImageTextToText and its own processor; null: the embedded world's tiny Qwen2-VL, built by
     # the world stage from the sizes below
     path: str | None = None
+    # the folder's content digest, written by `protege model pin` (and by `protege pipeline`): DVC re-runs
+    # what depends on the model when it changes, and a stage refuses a folder whose files no longer match it
+    digest: str | None = None
     trust_remote_code: bool = False   # families that ship their own code run it only when this is set
     dtype: Literal["float32", "bfloat16"] = "float32"  # weights; bfloat16 also autocasts where supported
     gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30% slower

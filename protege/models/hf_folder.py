@@ -239,3 +239,41 @@ def copy_processor_files(source: Path, dest: Path) -> None:
     for f in processor_files(source):
         if f.resolve() != (dest / f.name).resolve():
             shutil.copy2(f, dest / f.name)
+
+
+# ------------------------------------------------------------------------------------------ identity
+
+def folder_digest(path: str | Path, cache: str | Path | None = None) -> str:
+    """What a model folder is, by content: the md5 of every file (weights, configs, processor files) and its
+    name. A 15 GB checkpoint is read once: `cache` (a JSON file) keeps each file's md5 under its path, size,
+    modification time and inode, and a file whose stat is unchanged is not read again (as DVC's state does).
+    The identity itself never depends on those stats."""
+    import hashlib
+
+    path = Path(path).resolve()
+    known: dict = {}
+    cache = Path(cache) if cache is not None else None
+    if cache is not None and cache.is_file():
+        try:
+            known = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            known = {}
+    h, changed = hashlib.sha256(), False
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and not any(x.startswith(".") for x in
+                                                                           p.relative_to(path).parts)):
+        st = f.stat()
+        key = f"{f}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+        md5 = known.get(key)
+        if md5 is None:
+            m = hashlib.md5()
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    m.update(block)
+            md5, known[key], changed = m.hexdigest(), m.hexdigest(), True
+        h.update(f"{f.relative_to(path).as_posix()}\0{md5}\n".encode())
+    if cache is not None and changed:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(cache.name + ".tmp")
+        tmp.write_text(json.dumps(known))
+        tmp.replace(cache)
+    return h.hexdigest()[:32]

@@ -11,10 +11,10 @@ import pandas as pd
 
 from protege.config import Config
 from protege.eval.agent import evaluate_agent
-from protege.models.student import load_student
+
 from protege.rl.agent_loop import agent_fingerprint, run_agent_rl
 from protege.rl.games import is_tool
-from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
+from protege.stages.common import inputs_digest, load_model, say, step_logger, write_stage_metrics
 from protege.stages.games import GAMES, GameLayout
 from protege.train.runtime.run_folder import drop_previous, prepare_out_dir
 
@@ -49,7 +49,7 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
     digest = inputs_digest(root, [layout.sft_model])
     out = root / layout.rl_dir
     resumed = prepare_out_dir(out, agent_fingerprint(a, cfg.seed, digest), a.rl.steps)
-    policy, processor = load_student(root / layout.sft_model)
+    policy, processor = load_model(cfg, root / layout.sft_model)
     start = _eval("start", policy, processor, cfg, mlrun, layout)
     g, p = a.rl.gtr, a.rl.gtpo
     say(layout.rl_stage, f"{a.rl.algorithm}: {a.rl.steps} steps x {a.rl.seeds_per_step} {layout.what} x {a.rl.group_size} plays"
@@ -71,7 +71,7 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
     end = _eval("end", policy, processor, cfg, mlrun, layout)
     summary = {"start": start, "end": end, "resumed_after_step": resumed, "checkpoints": len(saved)}
     if (out / MERGED_TEACHER).exists():
-        teacher, _ = load_student(out / MERGED_TEACHER)
+        teacher, _ = load_model(cfg, out / MERGED_TEACHER)
         summary["merged_teacher"] = _eval("merged_teacher", teacher, processor, cfg, mlrun, layout)
     if history:  # training rollouts (sampled): the first and last quarter of the steps this process ran
         k = max(1, len(history) // 4)

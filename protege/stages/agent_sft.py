@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from protege.config import Config
-from protege.models.student import load_student, save_student
-from protege.paths import BASE_MODEL
+from protege.models.student import save_student
 from protege.rl.games import is_tool
-from protege.stages.common import say, step_logger, write_stage_metrics
+from protege.stages.common import (base_model_dir, load_model, log_start_model, say, step_logger,
+                                   write_stage_metrics)
 from protege.stages.games import GAMES
 from protege.train.agent_sft import train_agent_sft
 
@@ -27,8 +27,9 @@ def run_game(cfg: Config, game_cfg, root: Path, mlrun) -> None:
     g, name = layout.config(cfg), layout.sft_stage
     env_params = g.task.model_dump() if is_tool(g) else g.grid.model_dump()
     mlrun.log_params({"env": g.env, **env_params, **g.sft.model_dump()}, f"{layout.section}.")
-    mlrun.log_input(BASE_MODEL, context="init")
-    model, processor = load_student(root / BASE_MODEL)
+    start = base_model_dir(cfg, root)
+    log_start_model(cfg, root, mlrun, start, "init")
+    model, processor = load_model(cfg, start)
     say(name, f"{g.sft.steps} steps x {g.sft.batch_size} of {g.sft.episodes} solver episodes ({_describe(g)})")
     summary = train_agent_sft(model, processor, g, cfg.world.image_size, cfg.seed,
                               on_log=step_logger(name, mlrun, every_print=max(1, g.sft.steps // 5)))

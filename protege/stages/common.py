@@ -30,10 +30,10 @@ def step_logger(stage: str, run, every_print: int = 1):
 QuietRun = tracking.QuietRun  # the stages that train pick it for ranks > 0 themselves too
 
 
-def inputs_digest(root: Path, rels: list) -> str:
+def inputs_digest(root: Path, rels: list, extra: list[str] | None = None) -> str:
     """Identifies the files a training run starts from by content (`tracking.input_digest`): a resume state
     from other inputs is not resumed, and one in a copied or re-cloned project is."""
-    parts = [tracking.input_digest(root, rel) for rel in rels]
+    parts = [tracking.input_digest(root, rel) for rel in rels] + list(extra or [])
     return hashlib.sha256(json.dumps([str(r) for r in rels] + parts).encode()).hexdigest()[:16]
 
 
@@ -42,3 +42,76 @@ def write_stage_metrics(root: Path, stage: str, metrics: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(metrics, indent=2, sort_keys=True))
     return path
+
+
+DIGEST_CACHE = Path(".dvc/tmp/protege-model-digests.json")  # per project: md5s of files already read
+
+
+def model_path(cfg, root: Path) -> Path | None:
+    """`model.path` as a folder (relative paths are the project's), or None for the embedded world's student."""
+    if cfg.model.path is None:
+        return None
+    p = Path(cfg.model.path).expanduser()
+    return p if p.is_absolute() else root / p
+
+
+def pinned_digest(cfg, root: Path) -> str:
+    """The content digest of `model.path` (checked as a checkpoint folder first)."""
+    from protege.models.hf_folder import check_folder, folder_digest
+
+    path = model_path(cfg, root)
+    check_folder(path, cfg.model.trust_remote_code)
+    return folder_digest(path, root / DIGEST_CACHE)
+
+
+def base_model_dir(cfg, root: Path) -> Path:
+    """The student every run starts from: `model.path`, or the world's tiny student at models/base. A
+    `model.path` whose files differ from `model.digest` is refused: DVC would not know it changed."""
+    from protege.errors import UserFacingError
+    from protege.paths import BASE_MODEL
+
+    path = model_path(cfg, root)
+    if path is None:
+        return root / BASE_MODEL
+    now = pinned_digest(cfg, root)
+    if cfg.model.digest != now:
+        said = f"is {cfg.model.digest}" if cfg.model.digest else "is not set"
+        raise UserFacingError(f"params.yaml: model.digest {said}, but {path} now has digest {now}: run "
+                              "`protege model pin` so DVC re-runs what the model feeds (`protege pipeline` pins it "
+                              "itself)")
+    return path
+
+
+def init_dir(cfg, root: Path) -> Path:
+    """Where SFT starts: `sft.init`, whose default (models/base) means the base student."""
+    from protege.paths import BASE_MODEL
+
+    return base_model_dir(cfg, root) if Path(cfg.sft.init) == BASE_MODEL else root / cfg.sft.init
+
+
+def load_model(cfg, path: Path):
+    """(model, processor) of a checkpoint folder with the project's model settings."""
+    import torch
+
+    from protege.models.student import load_student
+
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    model, processor = load_student(path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model, processor
+
+
+def log_start_model(cfg, root: Path, run, path: Path, context: str = "init") -> None:
+    """Records the model a stage starts from: its architecture and a digest of its weights (DVC's md5 for a
+    project folder, the pinned digest for `model.path`)."""
+    from protege.models.hf_folder import architecture, read_config
+
+    external = model_path(cfg, root)
+    inside = not (external is not None and Path(path).resolve() == external.resolve())
+    if inside:
+        run.log_input(Path(path).relative_to(root), context=context)
+    digest = tracking.input_digest(root, Path(path).relative_to(root)) if inside else cfg.model.digest
+    run.log_params({"architecture": architecture(read_config(path)), "weights_digest": digest,
+                    "path": str(path if not inside else Path(path).relative_to(root))}, f"{context}_model.")

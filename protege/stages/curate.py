@@ -17,7 +17,7 @@ from protege.data.curate import (
     with_token_lengths,
 )
 from protege.data.rows import load_rows
-from protege.models.student import load_student
+
 from protege.paths import (
     CURATED,
     CURATED_RL,
@@ -26,7 +26,7 @@ from protege.paths import (
     SFT_MODEL,
     SPLIT_TABLES,
 )
-from protege.stages.common import say
+from protege.stages.common import load_model, say
 
 
 def run(cfg: Config, root: Path, run) -> None:
@@ -34,7 +34,7 @@ def run(cfg: Config, root: Path, run) -> None:
     run.log_params(c.model_dump(), "curate.")
     run.log_input(SPLIT_TABLES["rl"], context="pool")
     run.log_input(SFT_MODEL, context="scorer")
-    model, processor = load_student(root / SFT_MODEL)
+    model, processor = load_model(cfg, root / SFT_MODEL)
     table = root / SPLIT_TABLES["rl"]
     df = with_token_lengths(table, processor)
     over = df["tokens"] > c.max_tokens

@@ -52,8 +52,8 @@ def run(cfg: Config, root: Path, run) -> None:
     if lead:
         say("disc_pretrain", f"{len(student)} student + {len(teacher)} teacher answers "
                              f"({teacher['teacher'].value_counts().to_dict()})")
-    disc = Discriminator.from_student(root / SFT_MODEL)
-    processor = StudentProcessor.from_pretrained(root / SFT_MODEL)
+    disc = Discriminator.from_student(root / SFT_MODEL, cfg.model.trust_remote_code)
+    processor = StudentProcessor.from_pretrained(root / SFT_MODEL, cfg.model.trust_remote_code)
 
     def save(trained: Discriminator) -> None:
         trained.save(root / DISCRIMINATOR)

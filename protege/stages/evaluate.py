@@ -26,7 +26,7 @@ from protege.eval.suite import (
     grader_prompt,
     load_suite,
 )
-from protege.models.student import load_student
+
 from protege.paths import (
     EVAL_DIR,
     EVAL_ITEMS,
@@ -39,7 +39,7 @@ from protege.paths import (
     SPLIT_TABLES,
     checkpoints,
 )
-from protege.stages.common import say
+from protege.stages.common import load_model, say
 from protege.stages.rl_baseline import RL_BASELINE, baseline_algorithm
 
 CANDIDATE = "merged"  # the pipeline's output, the one `promote` considers
@@ -80,7 +80,7 @@ def run(cfg: Config, root: Path, run) -> None:
     models = models_to_evaluate(root)
     for model_name, rel in models.items():
         run.log_input(rel, context=f"model:{model_name}")
-        model, processor = load_student(root / rel)
+        model, processor = load_model(cfg, root / rel)
         if ev.generation == "vllm":  # an engine answers in the model's place, from a temporary copy of it
             from protege.generation.vllm_backend import generator_from_model
 

@@ -17,7 +17,7 @@ from protege.config import Config
 from protege.data.rows import Row, load_rows, read_parquet_table
 from protege.eval.accuracy import evaluate_rows
 from protege.models.discriminator import Discriminator
-from protege.models.student import load_student
+
 from protege.paths import (
     CURATED_RL,
     DISCRIMINATOR,
@@ -28,7 +28,7 @@ from protege.paths import (
 )
 from protege.rewards.llm_judge import LLMJudge
 from protege.rl.loop import RLInputs, fingerprint, run_rl
-from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
+from protege.stages.common import inputs_digest, load_model, say, step_logger, write_stage_metrics
 from protege.teachers.factory import build_teacher
 from protege.train.runtime.distributed import world
 from protege.train.runtime.run_folder import drop_previous, prepare_out_dir
@@ -125,8 +125,8 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
                      (DISCRIMINATOR, "discriminator")):
         if (root / rel).exists() and (ril or rel not in (TEACHER_ANSWERS, DISCRIMINATOR)):
             run.log_input(rel, context=ctx)
-    policy, processor = load_student(root / SFT_MODEL)
-    ref, _ = load_student(root / SFT_MODEL)
+    policy, processor = load_model(cfg, root / SFT_MODEL)
+    ref, _ = load_model(cfg, root / SFT_MODEL)
     out = root / out_rel
     digest = inputs_digest(root, input_files(ril))
     resumed = prepare_out_dir(out, fingerprint(c, cfg.seed, digest), c.steps)
@@ -135,7 +135,7 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
         judge = LLMJudge(build_teacher(c.judge_model, root, 0.0, cfg.seed), out / "judge_verdicts.jsonl")
     curve = learning_curve(cfg, root, run, processor, curve_rel, resumed, stage)
     inputs = RLInputs(load_rows(root / CURATED_RL), teacher_answers(root) if ril else {},
-                      Discriminator.load(root / DISCRIMINATOR) if ril else None, judge, evaluator=curve)
+                      Discriminator.load(root / DISCRIMINATOR, cfg.model.trust_remote_code) if ril else None, judge, evaluator=curve)
     say(stage, f"{algorithm}: {c.steps} steps x {c.questions_per_step} questions x {c.group_size} samples"
                + (f" + {c.group_size} teacher answers" if ril and c.teacher_in_group else "")
                + f", trainable={c.trainable}" + (f"; resuming after step {resumed}" if resumed else ""))

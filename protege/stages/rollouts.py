@@ -9,9 +9,9 @@ import torch
 from protege.config import Config
 from protege.data.rows import load_rows
 from protege.generation.transformers_backend import Sampling, generate_answers
-from protege.models.student import load_student
+
 from protege.paths import CURATED_RL, ROLLOUTS, SFT_MODEL
-from protege.stages.common import say, write_stage_metrics
+from protege.stages.common import load_model, say, write_stage_metrics
 
 
 def run(cfg: Config, root: Path, run) -> None:
@@ -20,7 +20,7 @@ def run(cfg: Config, root: Path, run) -> None:
     run.log_input(CURATED_RL, context="questions")
     run.log_input(SFT_MODEL, context="student")
     torch.manual_seed(cfg.seed)
-    model, processor = load_student(root / SFT_MODEL)
+    model, processor = load_model(cfg, root / SFT_MODEL)
     if c.generation == "vllm":  # an engine samples in the student's place, from a temporary copy of it
         from protege.generation.vllm_backend import generator_from_model
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from protege.config import Config
 from protege.data.rows import load_rows
-from protege.models.student import load_student, save_student
+from protege.models.student import save_student
 from protege.paths import SFT_MODEL, SPLIT_TABLES, TRAINING_STATES
 from protege.pool import pool_tables
-from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
+from protege.stages.common import (QuietRun, init_dir, inputs_digest, load_model, log_start_model, model_path, say,
+                                   step_logger, write_stage_metrics)
 from protege.train.runtime.distributed import world
 from protege.train.sft import train_sft
 
@@ -25,8 +26,9 @@ def run(cfg: Config, root: Path, run) -> None:
         run = QuietRun()
     run.log_params(cfg.sft.model_dump(), "sft.")
     run.log_input(SPLIT_TABLES["train"], context="train")
-    run.log_input(cfg.sft.init, context="init_model")
-    model, processor = load_student(root / cfg.sft.init)
+    start = init_dir(cfg, root)
+    log_start_model(cfg, root, run, start, "init")
+    model, processor = load_model(cfg, start)
     rows = load_rows(root / SPLIT_TABLES["train"])
     pooled = pool_tables(root)
     for table in pooled:
@@ -36,7 +38,9 @@ def run(cfg: Config, root: Path, run) -> None:
         say("sft", f"{len(rows)} examples ({len(pooled)} pool batches), from {cfg.sft.init}, "
                    f"{cfg.sft.steps} steps of {cfg.sft.batch_size}")
     state = root / TRAINING_STATES / "sft"
-    digest = inputs_digest(root, [SPLIT_TABLES["train"], cfg.sft.init, *(t.relative_to(root) for t in pooled)])
+    outside = model_path(cfg, root) == start
+    digest = inputs_digest(root, [SPLIT_TABLES["train"], *([] if outside else [cfg.sft.init]),
+                                  *(t.relative_to(root) for t in pooled)], [cfg.model.digest] if outside else [])
     result = train_sft(model, processor, rows, cfg.sft, cfg.seed, on_log=step_logger("sft", run) if lead else None,
                        state_dir=state, inputs_digest=digest,
                        save_final=lambda m: save_student(m, processor, root / SFT_MODEL))

@@ -17,8 +17,8 @@ from protege.data.schemas import TEACHER_ANSWERS as TEACHER_ANSWER_ROWS
 from protege.data.validate import DatasetInvalid, run_suite
 from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
-from protege.paths import BASE_MODEL, CURATED_RL, TEACHER_ANSWERS, TEACHER_CACHE
-from protege.stages.common import say, write_stage_metrics
+from protege.paths import CURATED_RL, TEACHER_ANSWERS, TEACHER_CACHE
+from protege.stages.common import base_model_dir, say, write_stage_metrics
 from protege.teachers.backends import TeacherRequest
 from protege.files import file_sha256
 from protege.teachers.cache import TeacherCache, TeacherCacheIncomplete, cache_key
@@ -46,7 +46,7 @@ def run(cfg: Config, root: Path, run) -> None:
                     "pool": [t.model_dump(exclude_defaults=True) for t in cfg.teachers.pool]}, "teachers.")
     run.log_input(CURATED_RL, context="teachers")
     questions = read_table(root / CURATED_RL)
-    processor = StudentProcessor.from_pretrained(root / BASE_MODEL)
+    processor = StudentProcessor.from_pretrained(base_model_dir(cfg, root), cfg.model.trust_remote_code)
     cache = TeacherCache(root / TEACHER_CACHE)
     image_hashes = {rel: file_sha256(image_path(root / CURATED_RL, rel))
                     for rec in questions.to_dict("records") for rel in image_paths(rec)}
