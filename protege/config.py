@@ -166,6 +166,16 @@ class WorldConfig(Section):
         return self
 
 
+class LoraSettings(Section):
+    """peft LoRA for `trainable: lora` (README "Post-train your own model" lists the defaults per family)."""
+    rank: int = Field(16, ge=1, le=4096)
+    alpha: float = Field(32.0, gt=0, le=100_000)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    # auto: every linear layer of the text decoder's layers (q/k/v/o and gate/up/down projections in the
+    # families tested); or module names, each matching the modules whose name ends with it
+    target_modules: Literal["auto"] | list[str] = "auto"
+
+
 class ModelConfig(Section):
     # your own student: a Hugging Face checkpoint folder (absolute, or relative to the project) read with
     # AutoModelForImageTextToText and its own processor; null: the embedded world's tiny Qwen2-VL, built by
@@ -177,6 +187,7 @@ class ModelConfig(Section):
     trust_remote_code: bool = False   # families that ship their own code run it only when this is set
     dtype: Literal["float32", "bfloat16"] = "float32"  # weights; bfloat16 also autocasts where supported
     gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30% slower
+    lora: LoraSettings = LoraSettings()   # used where a stage's trainable is `lora`
     hidden_size: int = Field(64, ge=8, le=65_536)
     num_layers: int = Field(2, ge=1, le=1024)
     num_heads: int = Field(2, ge=1, le=1024)
@@ -257,6 +268,7 @@ class TeachersConfig(Section):
 
 
 class SFTConfig(Section):
+    trainable: Literal["all", "lora"] = "all"   # lora: adapters (model.lora); the checkpoint holds both forms
     steps: int = Field(300, ge=1, le=10_000_000)
     batch_size: int = Field(32, ge=1, le=1_000_000)
     lr: float = Field(2e-3, gt=0, le=10)
@@ -318,7 +330,8 @@ class RLConfig(SamplingConfig):
     clip_eps: float = Field(0.2, gt=0, lt=1)
     kl_beta: float = Field(0.04, ge=0, le=1000)
     repetition_penalty: float = Field(1.05, gt=0, le=100)
-    trainable: Literal["attention+embeddings+head", "all", "attention"] = "attention+embeddings+head"
+    # lora: fresh adapters (model.lora) on the SFT weights; the KL reference is that model with adapters off
+    trainable: Literal["attention+embeddings+head", "all", "attention", "lora"] = "attention+embeddings+head"
     save_every: int = Field(10, ge=1, le=10_000_000)
     # RIL (algorithm: ril) and its ablations
     w_sim: float = Field(1.0, ge=0, le=1000)               # weight of the discriminator similarity reward

@@ -155,7 +155,11 @@ class VLLMGenerator:
         """Loads `model`'s current weights into the engine in place (names as in a transformers checkpoint;
         vLLM's own loader maps and fuses them), then drops the prefix cache, whose keys and values were
         computed with the old weights."""
-        weights = [(name, t.detach()) for name, t in model.state_dict().items()]
+        from protege.models.lora import is_lora, merged_state_dict
+
+        # a LoRA policy hands over its merged weights, under the base model's names
+        state = merged_state_dict(model) if is_lora(model) else model.state_dict()
+        weights = [(name, t.detach()) for name, t in state.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                           "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()

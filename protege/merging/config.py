@@ -43,7 +43,7 @@ mergekit/parameter_resolver.py, mergekit/plan.py):
   value = (1 - (x - i)) v[i] + (x - i) v[min(i + 1, n - 1)] (booleans: v[int(t (n - 1))]);
 - models: form: t of a tensor in layer i of a stack of L layers is i / (L - 1) (1 when L = 1); every tensor
   outside the layer stacks (embeddings, final norm, lm_head, ...) has t = 0, as mergekit plans pre- and
-  post-weights. protege knows no architecture tables (see protege.merging.layers): each distinct layer prefix
+  post-weights. protege knows no architecture tables (see protege.models.layer_names): each distinct layer prefix
   (e.g. the text decoder's `model.layers.` and a vision tower's `visual.blocks.`) is its own stack whose L is its
   largest index + 1 in the reference model;
 - slices: form: output layer k of a slice of n layers has t = k / (n - 1) (1 when n = 1), whichever layers of
@@ -60,7 +60,7 @@ import torch
 import yaml
 
 from protege.errors import UserFacingError
-from protege.merging.layers import layer_stacks, split_layer_name
+from protege.models.layer_names import layer_stacks, split_layer_name
 from protege.merging.methods import METHODS, REQUIRED, MethodInfo
 
 SUPPORTED_KEYS = ("merge_method", "models", "slices", "base_model", "parameters", "dtype", "out_dtype",

@@ -8,7 +8,7 @@ and the parameters resolved for it. `plan_merge` builds them for both config for
   a decoder layer or after it: a VLM's vision tower and projector) from slices[0]'s sources with slices[0]'s
   parameters; then output layer 0, 1, ... counting up across the slices, output layer k of a slice taking layer
   start + k of each of its sources at t = k / (n - 1); then the *post* weights (final norm, lm_head) from the
-  last slice, with its parameters. protege.merging.layers says which tensors are which.
+  last slice, with its parameters. protege.models.layer_names says which tensors are which.
 
 Jobs are merged in mergekit's schedule order: sorted by the largest input tensor name (mergekit's
 `lexicographical_topological_sort` keyed by each task's group label, which is that name), ties in output order.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from protege.merging.config import MergeConfig, ModelInput, OutputSlice, SliceSource, layer_positions
 from protege.merging.io import Checkpoint
-from protege.merging.layers import (LayoutError, decoder_stack, is_post_weight, split_layer_name,
+from protege.models.layer_names import (LayoutError, decoder_stack, is_post_weight, split_layer_name,
                                     text_config_scopes)
 
 Ref = tuple[Path, str]  # (model folder, tensor name in it)

@@ -45,9 +45,16 @@ def build_student(cfg: ModelConfig, processor: StudentProcessor, seed: int) -> Q
 
 
 def save_student(model, processor: StudentProcessor, path: str | Path) -> None:
+    """A checkpoint folder: weights (a LoRA model's merged full weights, plus its adapter under adapter/) and
+    the processor's files."""
+    from protege.models.lora import is_lora, save_lora_checkpoint
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path), safe_serialization=True)
+    if is_lora(model):
+        save_lora_checkpoint(model, path)
+    else:
+        model.save_pretrained(str(path), safe_serialization=True)
     processor.save_pretrained(path)
 
 

@@ -7,6 +7,7 @@ the whole algorithm. The math lives in advantages.py and losses.py, the group la
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -22,6 +23,7 @@ from protege.config import RLConfig
 from protege.data.rows import Row
 from protege.errors import UserFacingError
 from protege.generation.transformers_backend import Sampling, complete
+from protege.models.lora import adapters_disabled
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.rewards.judge import rule_judge
@@ -77,6 +79,18 @@ def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: ra
     return rng.sample(pool, G) if len(pool) >= G else [rng.choice(pool) for _ in range(G)]
 
 
+@contextlib.contextmanager
+def reference(policy, ref, device, offload: bool):
+    """pi_ref for the KL term: the frozen SFT model (moved in when offloaded), or the LoRA policy with its
+    adapters disabled (no second copy of the weights)."""
+    if ref is None:
+        with adapters_disabled(policy) as base:
+            yield base
+    else:
+        with visiting(ref, device, offload):
+            yield ref
+
+
 def eval_due(step: int, cfg: RLConfig) -> bool:
     """Learning-curve points: step 0 (before any update), every eval_every steps, the last step."""
     return cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps)
@@ -111,7 +125,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
            on_log: Callable[[int, dict], None] | None = None, state_dir: Path | None = None,
            stop_after: int | None = None, inputs_digest: str = "",
            on_state_saved: Callable[[int], None] | None = None) -> list[Path]:
-    """Trains `policy` in place (`ref` = frozen SFT model). Returns the checkpoint folders written.
+    """Trains `policy` in place (`ref` = frozen SFT model; None for a LoRA policy, whose reference is itself with
+    its adapters disabled). Returns the checkpoint folders written.
 
     With `state_dir`, the full training state is saved every `save_every` steps and a matching state
     found there is resumed from, reaching the same weights as an uninterrupted run.
@@ -133,7 +148,10 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     offload_ref = cfg.offload_idle
     offload_disc = cfg.offload_idle and cfg.backend == "torch"
     policy.to(device)
-    ref.to(CPU if offload_ref else device)
+    if ref is None and cfg.trainable != "lora":
+        raise ValueError("run_rl: a reference model is needed unless rl.trainable is lora")
+    if ref is not None:
+        ref.to(CPU if offload_ref else device)
     if disc is not None:
         disc.to(CPU if offload_disc else device)
     params = select_trainable(policy, cfg.trainable)
@@ -147,7 +165,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         parts["discriminator"] = Weights(disc_updater if disc_updater is not None else disc)
     if disc_updater is not None:  # absent when the discriminator is fixed
         parts["disc_optimizer"] = OptimizerState(disc_updater)
-    ref.eval().requires_grad_(False)
+    if ref is not None:
+        ref.eval().requires_grad_(False)
     sampling = Sampling(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                         repetition_penalty=cfg.repetition_penalty, max_new_tokens=cfg.max_new_tokens)
     tok = processor.tokenizer
@@ -255,8 +274,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         # 5. one policy update (mu = 1): pi_old equals pi_theta before this step, so its log-probs (student
         #    and teacher tokens alike) are the detached current ones and the ratio starts at exactly 1
         row_inputs = processor.repeat_rows(prompts, [r.image for r in batch_rows], per_q)
-        with torch.no_grad(), visiting(ref, device, offload_ref):
-            logp_ref = completion_logprobs(ref, group, row_inputs, processor)
+        with torch.no_grad(), reference(policy, ref, device, offload_ref) as ref_model:
+            logp_ref = completion_logprobs(ref_model, group, row_inputs, processor)
         logp, entropy = completion_logprobs(policy, group, row_inputs, processor, with_entropy=True)
         mask = group.completion_mask.float()
         loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv.to(device), mask, clip_eps=cfg.clip_eps,

@@ -12,6 +12,12 @@ GROUPS = {
 
 
 def select_trainable(model: nn.Module, group: str) -> list[nn.Parameter]:
+    if group == "lora":  # peft has left exactly the adapters trainable
+        from protege.models.lora import is_lora
+
+        if not is_lora(model):
+            raise ValueError("trainable 'lora' needs a model with adapters (protege.models.lora.add_lora)")
+        return [p for p in model.parameters() if p.requires_grad]
     if group not in GROUPS:
         raise ValueError(f"unknown trainable group {group!r}; expected one of {sorted(GROUPS)}")
     chosen = []

@@ -115,3 +115,13 @@ def log_start_model(cfg, root: Path, run, path: Path, context: str = "init") -> 
     digest = tracking.input_digest(root, Path(path).relative_to(root)) if inside else cfg.model.digest
     run.log_params({"architecture": architecture(read_config(path)), "weights_digest": digest,
                     "path": str(path if not inside else Path(path).relative_to(root))}, f"{context}_model.")
+
+
+def with_lora(cfg, model, trainable: str):
+    """The model with fresh adapters (model.lora) when a stage's trainable is `lora`, else as it is."""
+    if trainable != "lora":
+        return model
+    from protege.models.lora import add_lora
+
+    lo = cfg.model.lora
+    return add_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules)

@@ -28,7 +28,7 @@ from protege.paths import (
 )
 from protege.rewards.llm_judge import LLMJudge
 from protege.rl.loop import RLInputs, fingerprint, run_rl
-from protege.stages.common import inputs_digest, load_model, say, step_logger, write_stage_metrics
+from protege.stages.common import inputs_digest, load_model, say, step_logger, with_lora, write_stage_metrics
 from protege.teachers.factory import build_teacher
 from protege.train.runtime.distributed import world
 from protege.train.runtime.run_folder import drop_previous, prepare_out_dir
@@ -126,7 +126,9 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
         if (root / rel).exists() and (ril or rel not in (TEACHER_ANSWERS, DISCRIMINATOR)):
             run.log_input(rel, context=ctx)
     policy, processor = load_model(cfg, root / SFT_MODEL)
-    ref, _ = load_model(cfg, root / SFT_MODEL)
+    # a LoRA policy is its own reference (adapters disabled): no second copy of the weights
+    ref = None if c.trainable == "lora" else load_model(cfg, root / SFT_MODEL)[0]
+    policy = with_lora(cfg, policy, c.trainable)
     out = root / out_rel
     digest = inputs_digest(root, input_files(ril))
     resumed = prepare_out_dir(out, fingerprint(c, cfg.seed, digest), c.steps)

@@ -15,7 +15,7 @@ from protege.models.student import save_student
 from protege.paths import SFT_MODEL, SPLIT_TABLES, TRAINING_STATES
 from protege.pool import pool_tables
 from protege.stages.common import (QuietRun, init_dir, inputs_digest, load_model, log_start_model, model_path, say,
-                                   step_logger, write_stage_metrics)
+                                   step_logger, with_lora, write_stage_metrics)
 from protege.train.runtime.distributed import world
 from protege.train.sft import train_sft
 
@@ -29,6 +29,7 @@ def run(cfg: Config, root: Path, run) -> None:
     start = init_dir(cfg, root)
     log_start_model(cfg, root, run, start, "init")
     model, processor = load_model(cfg, start)
+    model = with_lora(cfg, model, cfg.sft.trainable)
     rows = load_rows(root / SPLIT_TABLES["train"])
     pooled = pool_tables(root)
     for table in pooled:

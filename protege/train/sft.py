@@ -67,7 +67,7 @@ def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfi
     torch.manual_seed(seed)
     device = resolve_device(cfg.device, "sft.device")
     model.to(device)
-    updater = make_updater(cfg.backend, model, list(model.parameters()), cfg.lr, cfg.zero_stage, device,
+    updater = make_updater(cfg.backend, model, [p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.zero_stage, device,
                            key="sft.backend", weight_decay=cfg.weight_decay, lr_lambda=lambda i: lr_factor(i, cfg))
     model.train()
     parts = {"model": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}

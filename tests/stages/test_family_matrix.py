@@ -86,8 +86,9 @@ def test_a_family_goes_through_every_stage(family, tmp_path, tiny_world):
     # sft: finite losses, every weight trainable moves; the checkpoint reloads with plain transformers
     before = state(model)
     logs = []
-    train_sft(model, processor, train, SFTConfig(steps=3, batch_size=4, lr=3e-3, log_every=1), seed=0,
-              on_log=lambda s, m: logs.append(m))
+    # with a resume state every step: tied weights (Gemma's embeddings and LM head) are saved as well
+    train_sft(model, processor, train, SFTConfig(steps=3, batch_size=4, lr=3e-3, log_every=1, save_every=1), seed=0,
+              on_log=lambda s, m: logs.append(m), state_dir=tmp_path / "sft_state")
     assert logs and all(torch.isfinite(torch.tensor(m["loss"])) for m in logs)
     assert moved(before, model)
     save_student(model, processor, tmp_path / "sft")
@@ -161,3 +162,51 @@ def test_one_tool_rl_step(family, tmp_path):
     logs = []
     run_agent_rl(model, processor, tool, 64, tmp_path / "tool", seed=0, on_log=lambda s, m: logs.append(m))
     assert len(logs) == 1 and torch.isfinite(torch.tensor(logs[0]["loss"]))
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "internvl"])
+def test_lora_sft_then_ril_trains_only_adapters(family, tmp_path, tiny_world):
+    """trainable lora: only the adapters move; the checkpoint holds merged full weights (plain transformers
+    loads them and gives the adapted model's logits) and the adapter; RL's reference is the model with its
+    adapters off, so the first step's KL is exactly 0."""
+    from protege.models.lora import ADAPTER_DIR, add_lora, adapters_disabled
+
+    model, processor = load_student(build_family(family, tmp_path / "base"))
+    train = [r for r in load_rows(tiny_world / "train.parquet") if not isinstance(r.image, list)][:8]
+    model = add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="auto")
+    before = state(model)
+    train_sft(model, processor, train, SFTConfig(steps=2, batch_size=4, lr=1e-2), seed=0)
+    changed = moved(before, model)
+    assert changed and all(".lora_" in k for k in changed), sorted(changed)[:5]
+    save_student(model, processor, tmp_path / "sft")
+    assert (tmp_path / "sft" / ADAPTER_DIR / "adapter_model.safetensors").is_file()
+    plain = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "sft"), use_safetensors=True)
+    batch = processor.encode_prompts([r.question for r in train[:2]], [r.image for r in train[:2]])
+    with torch.no_grad():
+        assert torch.allclose(plain(**batch).logits, model(**batch).logits, atol=1e-4)
+        with adapters_disabled(model):
+            assert not torch.allclose(plain(**batch).logits, model(**batch).logits, atol=1e-4)
+
+    policy, _ = load_student(tmp_path / "sft")
+    policy = add_lora(policy, rank=4, alpha=8, dropout=0.0, target_modules="auto")
+    before = state(policy)
+    logs = []
+    rows = load_rows(tiny_world / "rl.parquet")[:4]
+    saved = run_rl(policy, None, processor, RLInputs(rows),
+                   RLConfig(steps=2, questions_per_step=2, group_size=2, max_new_tokens=4, save_every=2, lr=1e-2,
+                            trainable="lora", kl_beta=0.1), tmp_path / "rl", seed=0, on_log=lambda s, m: logs.append(m))
+    assert logs[0]["kl"] == 0.0 and all(torch.isfinite(torch.tensor(m["loss"])) for m in logs)
+    assert all(".lora_" in k for k in moved(before, policy))
+    reloads_as_merged = AutoModelForImageTextToText.from_pretrained(str(saved[-1]), use_safetensors=True)
+    with torch.no_grad():
+        assert torch.allclose(reloads_as_merged(**batch).logits, policy(**batch).logits, atol=1e-4)
+
+
+def test_lora_targets_that_name_no_module_are_refused(tmp_path):
+    from protege.errors import UserFacingError
+    from protege.models.lora import add_lora
+
+    model, _ = load_student(build_family("qwen2_vl", tmp_path / "base"))
+    with pytest.raises(UserFacingError, match=r"model.lora.target_modules: \['qkv_proj'\] name no linear module of "
+                                              r"Qwen2VLForConditionalGeneration; its linear modules end with"):
+        add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "qkv_proj"])

@@ -10,7 +10,7 @@ import yaml
 from protege.merging import merge_folders, methods as M
 from protege.merging.config import MergeConfigError, load_config
 from protege.merging.io import Checkpoint
-from protege.merging.layers import LayoutError, decoder_stack, is_post_weight, split_layer_name
+from protege.models.layer_names import LayoutError, decoder_stack, is_post_weight, split_layer_name
 
 transformers = pytest.importorskip("transformers")
 TINY = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,

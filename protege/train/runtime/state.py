@@ -56,6 +56,18 @@ class Weights:
             self.source.load_weights(tensors)
 
 
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (tied embeddings and LM head, as in Gemma): each later
+    alias is stored as its own copy; loading gives the tied parameter the same values twice."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for key, t in tensors.items():
+        span = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) if t.numel() else (0, id(t))
+        out[key] = t.clone() if span in seen else t
+        seen.add(span)
+    return out
+
+
 def optimizer_to_files(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     sd = opt.state_dict()
     tensors, scalars = {}, {}
@@ -142,7 +154,7 @@ def save_state(folder: Path, *, step: int, parts: dict[str, Part], py_rng: rando
         tensors, extras = part.dump()
         if part.per_rank or rank == 0:
             stem = _file_stem(name, part, rank)
-            save_file(tensors, str(tmp / f"{stem}.safetensors"))
+            save_file(_unshared(tensors), str(tmp / f"{stem}.safetensors"))
             if extras is not None:
                 (tmp / f"{stem}.json").write_text(json.dumps(extras))
     barrier()  # every rank's files are in tmp
