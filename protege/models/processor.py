@@ -224,6 +224,26 @@ class StudentProcessor:
         text = self.prompt(question, len(per_prompt[0])) + answer + self.end_of_turn
         return int(self._call([text], per_prompt, "right")["attention_mask"].sum())
 
+    def check_images(self, rows, where: str) -> None:
+        """Every image size in `rows` (objects with `.id` and `.image`: one image, a list, or None) goes through
+        the image processor once, before any compute; a size it refuses (Qwen's aspect ratio over 200, say) is
+        a UserFacingError naming the table, the row and the size."""
+        from protege.errors import UserFacingError
+
+        seen: set[tuple[int, int]] = set()
+        for row in rows:
+            for im in self._as_lists([row.image])[0]:
+                if im.size in seen:
+                    continue
+                try:
+                    self.image_processor(images=[[Image.new("RGB", im.size)]], return_tensors="pt")
+                except Exception as exc:  # noqa: BLE001 -- each image processor raises its own types
+                    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    raise UserFacingError(f"{where}: row id={row.id!r}: image {im.size[0]}x{im.size[1]} cannot go "
+                                          f"through the model's image processor "
+                                          f"({type(self.image_processor).__name__}): {first}") from None
+                seen.add(im.size)
+
     # ------------------------------------------------------------------ sequences protege assembles
 
     def expand(self, text: str, images: list[Image.Image]) -> list[int]:

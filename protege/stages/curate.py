@@ -36,13 +36,14 @@ def run(cfg: Config, root: Path, run) -> None:
     run.log_input(SFT_MODEL, context="scorer")
     model, processor = load_model(cfg, root / SFT_MODEL)
     table = root / SPLIT_TABLES["rl"]
+    rows = {r.id: r for r in load_rows(table)}
+    processor.check_images(rows.values(), str(SPLIT_TABLES["rl"]))
     df = with_token_lengths(table, processor)
     over = df["tokens"] > c.max_tokens
     pool = df[~over].reset_index(drop=True)
     if pool.empty:
         raise ValueError(f"curate: every row of {SPLIT_TABLES['rl']} is longer than curate.max_tokens="
                          f"{c.max_tokens} tokens (mean {df['tokens'].mean():.1f}); raise the cap")
-    rows = {r.id: r for r in load_rows(table)}
     logprobs = np.array(answer_logprobs(model, processor, [rows[i] for i in pool["id"]], c.batch_size,
                                         progress=lambda d, t: say("curate", f"scored {d}/{t}")))
     if c.balance:  # a row without a closed answer set (free text) is balanced by kind only

@@ -136,7 +136,9 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     if c.judge == "llm":
         judge = LLMJudge(build_teacher(c.judge_model, root, 0.0, cfg.seed), out / "judge_verdicts.jsonl")
     curve = learning_curve(cfg, root, run, processor, curve_rel, resumed, stage)
-    inputs = RLInputs(load_rows(root / CURATED_RL), teacher_answers(root) if ril else {},
+    rows = load_rows(root / CURATED_RL)
+    processor.check_images(rows, str(CURATED_RL))
+    inputs = RLInputs(rows, teacher_answers(root) if ril else {},
                       Discriminator.load(root / DISCRIMINATOR, cfg.model.trust_remote_code) if ril else None, judge, evaluator=curve)
     say(stage, f"{algorithm}: {c.steps} steps x {c.questions_per_step} questions x {c.group_size} samples"
                + (f" + {c.group_size} teacher answers" if ril and c.teacher_in_group else "")

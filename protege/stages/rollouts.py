@@ -26,6 +26,7 @@ def run(cfg: Config, root: Path, run) -> None:
 
         model = generator_from_model(model, processor, seed=cfg.seed, memory=c.vllm_memory)
     rows = load_rows(root / CURATED_RL)
+    processor.check_images(rows, str(CURATED_RL))
     sampling = Sampling(do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                         max_new_tokens=c.max_new_tokens)
     texts, tokens, seconds = generate_answers(

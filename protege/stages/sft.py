@@ -31,10 +31,13 @@ def run(cfg: Config, root: Path, run) -> None:
     model, processor = load_model(cfg, start)
     model = with_lora(cfg, model, cfg.sft.trainable)
     rows = load_rows(root / SPLIT_TABLES["train"])
+    processor.check_images(rows, str(SPLIT_TABLES["train"]))
     pooled = pool_tables(root)
     for table in pooled:
         run.log_input(table.relative_to(root), context="pool")
-        rows += load_rows(table)
+        more = load_rows(table)
+        processor.check_images(more, str(table.relative_to(root)))
+        rows += more
     if lead:
         say("sft", f"{len(rows)} examples ({len(pooled)} pool batches), from {cfg.sft.init}, "
                    f"{cfg.sft.steps} steps of {cfg.sft.batch_size}")

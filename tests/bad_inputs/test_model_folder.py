@@ -99,3 +99,21 @@ def test_the_digest_follows_content_not_stats(good, tmp_path):
     data = (a / "chat_template.jinja").read_bytes()
     (a / "chat_template.jinja").write_bytes(data.replace(b"assistant", b"ASSISTANT"))
     assert folder_digest(a, cache) != first
+
+
+def test_an_image_size_the_processor_cannot_take_is_named_before_compute(good):
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from protege.errors import UserFacingError
+    from protege.models.processor import StudentProcessor
+
+    processor = StudentProcessor.from_pretrained(good)
+    rows = [SimpleNamespace(id="a", image=Image.new("RGB", (64, 64))),
+            SimpleNamespace(id="b", image=[Image.new("RGB", (64, 64)), Image.new("RGB", (1, 400))])]
+    with pytest.raises(UserFacingError, match=r"data/world/train.parquet: row id='b': image 1x400 cannot go through "
+                                              r"the model's image processor \(Qwen2VLImageProcessorPil\): absolute "
+                                              r"aspect ratio must be smaller than 200"):
+        processor.check_images(rows, "data/world/train.parquet")
+    processor.check_images(rows[:1], "data/world/train.parquet")  # a size it takes passes

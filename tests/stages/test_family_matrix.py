@@ -210,3 +210,24 @@ def test_lora_targets_that_name_no_module_are_refused(tmp_path):
     with pytest.raises(UserFacingError, match=r"model.lora.target_modules: \['qkv_proj'\] name no linear module of "
                                               r"Qwen2VLForConditionalGeneration; its linear modules end with"):
         add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules=["q_proj", "qkv_proj"])
+
+
+def test_gradient_checkpointing_gives_the_same_update(tmp_path, tiny_world):
+    """model.gradient_checkpointing recomputes activations in the backward pass: the same loss and weights."""
+    from protege.config import Config
+    from protege.stages.common import load_model
+
+    folder = build_family("qwen2_5_vl", tmp_path / "base")
+    train = [r for r in load_rows(tiny_world / "train.parquet") if not isinstance(r.image, list)][:8]
+    results = []
+    for checkpointing in (False, True):
+        cfg = Config.model_validate({"model": {"gradient_checkpointing": checkpointing}})
+        model, processor = load_model(cfg, folder)
+        assert model.is_gradient_checkpointing == checkpointing
+        logs = []
+        train_sft(model, processor, train, SFTConfig(steps=2, batch_size=4, lr=1e-3, log_every=1), seed=0,
+                  on_log=lambda s, m: logs.append(m["loss"]))
+        results.append((logs, state(model)))
+    (loss_a, w_a), (loss_b, w_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    assert all(torch.allclose(w_a[k], w_b[k], atol=1e-6) for k in w_a)
