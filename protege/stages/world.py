@@ -1,6 +1,7 @@
 """world: the embedded world's data (train / rl / test) and the base student it starts from.
 
-With real data this stage is replaced by importing your files and pointing at a pretrained student.
+With real data this stage is replaced by importing your files; with `model.path` set, the stages start from
+that folder and the tiny student written here is not used.
 """
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def run(cfg: Config, root: Path, run) -> None:
     texts = list(train["question"]) + list(train["answer"]) + all_templates() * 20
     texts += [c for cands in train["candidates"] for c in json.loads(cands)]
     tokenizer = train_tokenizer(texts, cfg.world.vocab_size)
-    processor = StudentProcessor.create(tokenizer, cfg.world.image_size, cfg.model.patch_size, cfg.model.merge_size)
+    # the processor's files go straight into the student's folder: an ordinary Hugging Face folder
+    processor = StudentProcessor.create(tokenizer, cfg.world.image_size, cfg.model.patch_size, cfg.model.merge_size,
+                                        folder=root / BASE_MODEL)
     model = build_student(cfg.model, processor, cfg.seed)
     save_student(model, processor, root / BASE_MODEL)
     n_params = sum(p.numel() for p in model.parameters())
