@@ -64,8 +64,10 @@ def add_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target_m
 
 
 def is_lora(model: nn.Module) -> bool:
-    from peft import PeftModel
-
+    try:  # the vLLM environment runs protege without peft: nothing there has adapters
+        from peft import PeftModel
+    except ImportError:
+        return False
     return isinstance(model, PeftModel)
 
 

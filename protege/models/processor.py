@@ -179,6 +179,8 @@ class StudentProcessor:
         if any(per_prompt):
             kw["images"] = [[im.convert("RGB") for im in ims] for ims in per_prompt]
         out = self.processor(**kw)
+        if "images" not in kw:  # text only: the model runs as a plain language model, on ids and attention
+            return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"]}
         return {k: v for k, v in out.items() if torch.is_tensor(v)}
 
     def encode_prompts(self, questions: list[str], images: list) -> dict[str, torch.Tensor]:
@@ -282,8 +284,10 @@ class StudentProcessor:
             sl = slice(0, len(r)) if padding_side == "right" else slice(width - len(r), width)
             input_ids[i, sl] = torch.tensor(r, dtype=torch.long)
             attn[i, sl] = torch.tensor(attention[i], dtype=torch.long) if attention is not None else 1
-        return {"input_ids": input_ids, "attention_mask": attn, **self.per_token_inputs(input_ids),
-                **self.vision_inputs(images)}
+        vision = self.vision_inputs(images)
+        if not vision:  # text only, as `_call` returns it
+            return {"input_ids": input_ids, "attention_mask": attn}
+        return {"input_ids": input_ids, "attention_mask": attn, **self.per_token_inputs(input_ids), **vision}
 
     def extend_inputs(self, prompt_batch: dict[str, torch.Tensor], sequences: torch.Tensor,
                       completion_mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -293,7 +297,8 @@ class StudentProcessor:
                and k not in self._probe().per_token}
         out["input_ids"] = sequences
         out["attention_mask"] = torch.cat([prompt_batch["attention_mask"], completion_mask], dim=1)
-        out.update(self.per_token_inputs(sequences))
+        if any(k in prompt_batch for k in self._probe().per_token):  # prompts with images
+            out.update(self.per_token_inputs(sequences))
         return out
 
     def select_rows(self, batch: dict[str, torch.Tensor], images: list, order: list[int]) -> dict[str, torch.Tensor]:

@@ -17,7 +17,8 @@ from tests.families import build_family
 @pytest.fixture
 def project(tmp_path):
     folder = build_family("gemma3", tmp_path / "ckpt" / "gemma3")
-    text = (REPO / "params.yaml").read_text().replace("model:", f"model:\n  path: {folder}", 1)
+    text = (REPO / "params.yaml").read_text().replace("  path: null", f"  path: {folder}", 1)
+    assert f"path: {folder}" in text
     (tmp_path / "proj").mkdir()
     (tmp_path / "proj" / "params.yaml").write_text(text)
     return tmp_path / "proj", folder
