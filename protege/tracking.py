@@ -18,6 +18,8 @@ from typing import Any, Iterator
 
 import yaml
 
+from protege.files import file_md5
+
 PARENT_ENV = "PROTEGE_PARENT_RUN_ID"
 EXPERIMENT_ENV = "PROTEGE_EXPERIMENT"
 DEFAULT_EXPERIMENT = "protege"
@@ -113,19 +115,12 @@ def content_md5(path: Path) -> str:
     and bytes in sorted order."""
     path = Path(path)
     if path.is_file():
-        return _file_md5(path)
+        return file_md5(path)
     h = hashlib.md5()
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f.relative_to(path).as_posix().encode() + b"\0" + _file_md5(f).encode() + b"\0")
+        h.update(f.relative_to(path).as_posix().encode() + b"\0" + file_md5(f).encode() + b"\0")
     return h.hexdigest()
 
-
-def _file_md5(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class StageRun:

@@ -250,6 +250,8 @@ def folder_digest(path: str | Path, cache: str | Path | None = None) -> str:
     The identity itself never depends on those stats."""
     import hashlib
 
+    from protege.files import file_md5
+
     path = Path(path).resolve()
     known: dict = {}
     cache = Path(cache) if cache is not None else None
@@ -265,11 +267,8 @@ def folder_digest(path: str | Path, cache: str | Path | None = None) -> str:
         key = f"{f}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
         md5 = known.get(key)
         if md5 is None:
-            m = hashlib.md5()
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 22), b""):
-                    m.update(block)
-            md5, known[key], changed = m.hexdigest(), m.hexdigest(), True
+            md5 = known[key] = file_md5(f)
+            changed = True
         h.update(f"{f.relative_to(path).as_posix()}\0{md5}\n".encode())
     if cache is not None and changed:
         cache.parent.mkdir(parents=True, exist_ok=True)
