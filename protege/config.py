@@ -319,6 +319,8 @@ class DiscPretrainConfig(Section):
     zero_stage: Literal[2, 3] = 2
     device: Literal["auto", "cpu", "cuda"] = "auto"
     save_every: int = Field(50, ge=1, le=10_000_000)
+    # lora: adapters on the backbone (model.lora) + the head; the saved discriminator holds merged weights
+    trainable: Literal["all", "lora"] = "all"
 
 
 class RLConfig(SamplingConfig):
@@ -340,6 +342,7 @@ class RLConfig(SamplingConfig):
     discriminator: Literal["updated", "fixed"] = "updated"
     disc_updates: int = Field(1, ge=0, le=1000)            # mu_d: discriminator updates per step
     disc_lr: float = Field(1e-4, gt=0, le=10)
+    disc_trainable: Literal["all", "lora"] = "all"   # lora: fresh adapters (model.lora) on the loaded discriminator
     teachers: str = Field("both", min_length=1)   # "both" (every teacher) or one teacher's name
     teacher_in_group: bool = True                 # off: teacher answers train D but are not in the group
     judge: Literal["rule", "llm"] = "rule"
@@ -443,7 +446,8 @@ class AgentRLConfig(SamplingConfig):
     lr: float = Field(1e-4, gt=0, le=10)
     clip_eps: float = Field(0.2, gt=0, lt=1)
     kl_beta: float = Field(0.0, ge=0, le=1000)           # k3 KL to the SFT policy
-    trainable: Literal["attention+embeddings+head", "all", "attention"] = "all"
+    # lora: fresh adapters (model.lora); the merged teacher merges the adapted weights W + scale * B A
+    trainable: Literal["attention+embeddings+head", "all", "attention", "lora"] = "all"
     save_every: int = Field(10, ge=1, le=10_000_000)
     max_new_tokens: int = Field(48, ge=1, le=1_000_000)
     device: Literal["auto", "cpu", "cuda"] = "auto"

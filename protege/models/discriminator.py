@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from protege.models.hf_folder import copy_processor_files
+from protege.models.precision import DTYPES, with_precision
 
 HEAD_FILE = "head.safetensors"
 
@@ -35,13 +36,25 @@ class Discriminator(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     @classmethod
-    def from_student(cls, student_dir: str | Path, trust_remote_code: bool = False) -> "Discriminator":
+    def from_student(cls, student_dir: str | Path, trust_remote_code: bool = False,
+                     dtype: torch.dtype = torch.float32) -> "Discriminator":
         # the student's own class loads with no unexpected keys; keep its base model, drop the LM head
         from transformers import AutoModelForImageTextToText
 
-        student = AutoModelForImageTextToText.from_pretrained(str(student_dir), use_safetensors=True,
+        student = AutoModelForImageTextToText.from_pretrained(str(student_dir), use_safetensors=True, dtype=dtype,
                                                               trust_remote_code=trust_remote_code)
         return cls(base_model(student), student_dir)
+
+    def add_lora(self, rank: int, alpha: float, dropout: float, target_modules) -> "Discriminator":
+        """Fresh adapters on the backbone (peft); the adapters and the head are what trains."""
+        from protege.models.lora import add_lora
+
+        self.backbone = add_lora(self.backbone, rank, alpha, dropout, target_modules)
+        self.head.requires_grad_(True)
+        return self
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
 
     def forward(self, input_ids, attention_mask, answer_mask=None, **inputs) -> torch.Tensor:
         """[N, T] inputs (+ the family's vision inputs) -> [N] logits."""
@@ -53,21 +66,41 @@ class Discriminator(nn.Module):
         return self.head(hidden[torch.arange(hidden.shape[0]), last].to(self.head.weight.dtype)).squeeze(-1)
 
     def save(self, path: str | Path) -> None:
+        """A LoRA backbone is saved merged (W + scale * B A): the folder loads with AutoModel either way."""
+        from protege.models.lora import is_lora, merged_state_dict
+
         path = Path(path)
-        self.backbone.save_pretrained(str(path), safe_serialization=True)
+        if is_lora(self.backbone):
+            self.backbone.get_base_model().save_pretrained(str(path), state_dict=merged_state_dict(self.backbone),
+                                                           safe_serialization=True)
+        else:
+            self.backbone.save_pretrained(str(path), safe_serialization=True)
         save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(path / HEAD_FILE))
         (path / "discriminator.json").write_text(json.dumps({"head": "linear", "label": "student=1, teacher=0"}))
         if self.source is not None:
             copy_processor_files(self.source, path)
 
     @classmethod
-    def load(cls, path: str | Path, trust_remote_code: bool = False) -> "Discriminator":
+    def load(cls, path: str | Path, trust_remote_code: bool = False,
+             dtype: torch.dtype = torch.float32) -> "Discriminator":
         from transformers import AutoModel
 
         path = Path(path)
         if not (path / HEAD_FILE).exists():
             raise FileNotFoundError(f"{path}: no discriminator here ({HEAD_FILE} missing)")
-        disc = cls(AutoModel.from_pretrained(str(path), use_safetensors=True, trust_remote_code=trust_remote_code),
-                   path)
-        disc.head.load_state_dict(load_file(str(path / HEAD_FILE)))
+        disc = cls(AutoModel.from_pretrained(str(path), use_safetensors=True, dtype=dtype,
+                                             trust_remote_code=trust_remote_code), path)
+        disc.head.to(dtype).load_state_dict(load_file(str(path / HEAD_FILE)))
         return disc
+
+
+def load_discriminator(path: str | Path, *, from_student: bool = False, trust_remote_code: bool = False,
+                       dtype: str = "float32", lora=None) -> Discriminator:
+    """The discriminator saved at `path` (or a fresh one on the student checkpoint at `path`) in `dtype`
+    (`model.dtype`: bf16 weights and autocast forwards), with fresh adapters on its backbone when `lora`
+    (`model.lora` settings) is given."""
+    make = Discriminator.from_student if from_student else Discriminator.load
+    disc = with_precision(make(path, trust_remote_code, dtype=DTYPES[dtype]), dtype)
+    if lora is not None:
+        disc.add_lora(lora.rank, lora.alpha, lora.dropout, lora.target_modules)
+    return disc

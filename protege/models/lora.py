@@ -102,6 +102,28 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+@torch.no_grad()
+def merged_adapted_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """W + scale * B A of the adapted modules only, under the base model's names (what a LoRA step changes:
+    GTR-Turbo's merged teacher merges these, so it merges the adapters' task vectors, not their factors)."""
+    from peft.tuners.lora import LoraLayer
+
+    out = {}
+    for name, module in model.get_base_model().named_modules():
+        if isinstance(module, LoraLayer):
+            weight = module.get_base_layer().weight
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
+            out[f"{name}.weight"] = (weight + delta.to(weight.dtype)).detach()
+    return out
+
+
+def plain_copy(model: nn.Module) -> nn.Module:
+    """A frozen copy without adapters: the merged weights in the base model's own class."""
+    import copy
+
+    return copy.deepcopy(model).merge_and_unload().eval().requires_grad_(False)
+
+
 def save_lora_checkpoint(model: nn.Module, folder: Path) -> None:
     """The merged full weights (config included) and the adapter under `adapter/`."""
     folder = Path(folder)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from protege.generation.transformers_backend import Sampling, complete
+from protege.models.lora import is_lora
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.paths import checkpoints
@@ -33,7 +34,8 @@ from protege.rl.games import Game, env_factory, max_turns, sampling_for
 from protege.rl.gtpo import (add_final_turn_bonus, discounted_returns, similarity_shaping, token_advantages,
                              turn_advantages)
 from protege.rl.losses import merged_kl_penalty, policy_loss, thought_sft_loss
-from protege.rl.merged_teacher import MergedTeacher, trainable_weights
+from protege.rl.merged_teacher import MergedTeacher, teacher_copy, trainable_weights
+from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.train.runtime.placement import CPU, resolve_device, visiting
 from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fingerprint, read_state, recover_state,
@@ -135,8 +137,9 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     new_env = new_env or env_factory(cfg, image_size)
     gtpo = rl.gtpo if rl.algorithm == "gtpo" else None
     embed = make_embedder(gtpo.embedder) if gtpo is not None and gtpo.shaping_alpha > 0 else None
-    ref = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_beta > 0 else None
-    teacher = copy.deepcopy(policy).eval().requires_grad_(False) if gtr.guidance != "none" else None
+    # a LoRA policy's KL reference is itself with adapters disabled (no second copy)
+    ref = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_beta > 0 and not is_lora(policy) else None
+    teacher = teacher_copy(policy) if gtr.guidance != "none" else None
     policy.to(device)
     params = select_trainable(policy, rl.trainable)
     updater = make_updater("torch", policy, params, rl.lr, 2, device, key="agent.rl")  # constant LR
@@ -207,9 +210,9 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             rewards = (r_turn * valid).sum(1)  # [E] what the episode was credited with
 
         # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy); GTR-Turbo `sft`: CE on merged thoughts
-        if ref is not None:
-            with torch.no_grad(), visiting(ref, device, device != CPU):
-                logp_ref = sequence_logprobs(ref, batch)
+        if rl.kl_beta > 0:
+            with torch.no_grad(), reference(policy, ref, device, device != CPU) as frozen:
+                logp_ref = sequence_logprobs(frozen, batch)
         else:
             logp_ref = logp.detach()
         loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv_tokens, mask, clip_eps=rl.clip_eps,

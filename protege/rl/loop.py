@@ -7,7 +7,6 @@ the whole algorithm. The math lives in advantages.py and losses.py, the group la
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import random
@@ -23,7 +22,6 @@ from protege.config import RLConfig
 from protege.data.rows import Row
 from protege.errors import UserFacingError
 from protege.generation.transformers_backend import Sampling, complete
-from protege.models.lora import adapters_disabled
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.rewards.judge import rule_judge
@@ -33,6 +31,7 @@ from protege.paths import checkpoints
 from protege.rl.group import build_group
 from protege.rl.logprobs import completion_logprobs
 from protege.rl.losses import policy_loss
+from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.train.runtime.distributed import barrier, world
 from protege.train.runtime.placement import CPU, resolve_device, to_device, visiting
@@ -77,18 +76,6 @@ def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: ra
     if not pool:
         return []
     return rng.sample(pool, G) if len(pool) >= G else [rng.choice(pool) for _ in range(G)]
-
-
-@contextlib.contextmanager
-def reference(policy, ref, device, offload: bool):
-    """pi_ref for the KL term: the frozen SFT model (moved in when offloaded), or the LoRA policy with its
-    adapters disabled (no second copy of the weights)."""
-    if ref is None:
-        with adapters_disabled(policy) as base:
-            yield base
-    else:
-        with visiting(ref, device, offload):
-            yield ref
 
 
 def eval_due(step: int, cfg: RLConfig) -> bool:
@@ -156,7 +143,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         disc.to(CPU if offload_disc else device)
     params = select_trainable(policy, cfg.trainable)
     updater = make_updater(cfg.backend, policy, params, cfg.lr, cfg.zero_stage, device)  # constant LR, as in RIL
-    disc_updater = (make_updater(cfg.backend, disc, list(disc.parameters()), cfg.disc_lr, cfg.zero_stage, device)
+    disc_updater = (make_updater(cfg.backend, disc, disc.trainable_parameters(), cfg.disc_lr, cfg.zero_stage, device)
                     if disc is not None and cfg.discriminator == "updated" else None)
     disc_host = disc_updater if disc_updater is not None else disc  # what moves when the discriminator visits
     # what exact resume brings back, by name (the file names of a state folder)

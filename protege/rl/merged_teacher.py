@@ -74,4 +74,19 @@ class MergedTeacher:
 
 
 def trainable_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What an update changes, under the teacher's names: the trainable parameters, or for a LoRA policy the
+    adapted modules' merged weights W + scale * B A (the teacher is a plain model without adapters)."""
+    from protege.models.lora import is_lora, merged_adapted_weights
+
+    if is_lora(model):
+        return merged_adapted_weights(model)
     return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def teacher_copy(policy: torch.nn.Module) -> torch.nn.Module:
+    """The frozen module the merge is loaded into (pi_init's weights until the first update)."""
+    import copy
+
+    from protege.models.lora import is_lora, plain_copy
+
+    return plain_copy(policy) if is_lora(policy) else copy.deepcopy(policy).eval().requires_grad_(False)

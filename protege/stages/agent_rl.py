@@ -14,7 +14,7 @@ from protege.eval.agent import evaluate_agent
 
 from protege.rl.agent_loop import agent_fingerprint, run_agent_rl
 from protege.rl.games import is_tool
-from protege.stages.common import inputs_digest, load_model, say, step_logger, write_stage_metrics
+from protege.stages.common import inputs_digest, load_model, say, step_logger, with_lora, write_stage_metrics
 from protege.stages.games import GAMES, GameLayout
 from protege.train.runtime.run_folder import drop_previous, prepare_out_dir
 
@@ -51,6 +51,7 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
     resumed = prepare_out_dir(out, agent_fingerprint(a, cfg.seed, digest), a.rl.steps)
     policy, processor = load_model(cfg, root / layout.sft_model)
     start = _eval("start", policy, processor, cfg, mlrun, layout)
+    policy = with_lora(cfg, policy, a.rl.trainable)
     g, p = a.rl.gtr, a.rl.gtpo
     say(layout.rl_stage, f"{a.rl.algorithm}: {a.rl.steps} steps x {a.rl.seeds_per_step} {layout.what} x {a.rl.group_size} plays"
                     + (f" (gamma {p.gamma}, {p.scope}-normalised advantages, shaping alpha {p.shaping_alpha})"

@@ -91,12 +91,11 @@ def init_dir(cfg, root: Path) -> Path:
 
 def load_model(cfg, path: Path):
     """(model, processor) of a checkpoint folder with the project's model settings."""
-    import torch
-
     from protege.models.student import load_student
+    from protege.models.precision import DTYPES, with_precision
 
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    model, processor = load_student(path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
+    model, processor = load_student(path, dtype=DTYPES[cfg.model.dtype], trust_remote_code=cfg.model.trust_remote_code)
+    with_precision(model, cfg.model.dtype)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False

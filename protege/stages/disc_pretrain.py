@@ -11,7 +11,7 @@ import pandas as pd
 
 from protege.config import Config
 from protege.data.rows import load_rows, read_parquet_table
-from protege.models.discriminator import Discriminator
+from protege.models.discriminator import Discriminator, load_discriminator
 from protege.models.processor import StudentProcessor
 from protege.paths import (
     CURATED_RL,
@@ -52,7 +52,9 @@ def run(cfg: Config, root: Path, run) -> None:
     if lead:
         say("disc_pretrain", f"{len(student)} student + {len(teacher)} teacher answers "
                              f"({teacher['teacher'].value_counts().to_dict()})")
-    disc = Discriminator.from_student(root / SFT_MODEL, cfg.model.trust_remote_code)
+    disc = load_discriminator(root / SFT_MODEL, from_student=True, trust_remote_code=cfg.model.trust_remote_code,
+                              dtype=cfg.model.dtype,
+                              lora=cfg.model.lora if cfg.disc_pretrain.trainable == "lora" else None)
     processor = StudentProcessor.from_pretrained(root / SFT_MODEL, cfg.model.trust_remote_code)
 
     def save(trained: Discriminator) -> None:

@@ -16,8 +16,7 @@ import pandas as pd
 from protege.config import Config
 from protege.data.rows import Row, load_rows, read_parquet_table
 from protege.eval.accuracy import evaluate_rows
-from protege.models.discriminator import Discriminator
-
+from protege.models.discriminator import load_discriminator
 from protege.paths import (
     CURATED_RL,
     DISCRIMINATOR,
@@ -138,8 +137,10 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     curve = learning_curve(cfg, root, run, processor, curve_rel, resumed, stage)
     rows = load_rows(root / CURATED_RL)
     processor.check_images(rows, str(CURATED_RL))
-    inputs = RLInputs(rows, teacher_answers(root) if ril else {},
-                      Discriminator.load(root / DISCRIMINATOR, cfg.model.trust_remote_code) if ril else None, judge, evaluator=curve)
+    disc = (load_discriminator(root / DISCRIMINATOR, trust_remote_code=cfg.model.trust_remote_code,
+                               dtype=cfg.model.dtype, lora=cfg.model.lora if c.disc_trainable == "lora" else None)
+            if ril else None)
+    inputs = RLInputs(rows, teacher_answers(root) if ril else {}, disc, judge, evaluator=curve)
     say(stage, f"{algorithm}: {c.steps} steps x {c.questions_per_step} questions x {c.group_size} samples"
                + (f" + {c.group_size} teacher answers" if ril and c.teacher_in_group else "")
                + f", trainable={c.trainable}" + (f"; resuming after step {resumed}" if resumed else ""))

@@ -92,7 +92,7 @@ def pretrain_discriminator(disc: Discriminator, processor: StudentProcessor, exa
     device = resolve_device(cfg.device, "disc_pretrain.device")
     disc.to(device)
     # torch AdamW's default weight decay and no clipping: the settings the demo's discriminator was tuned with
-    updater = make_updater(cfg.backend, disc, list(disc.parameters()), cfg.lr, cfg.zero_stage, device,
+    updater = make_updater(cfg.backend, disc, disc.trainable_parameters(), cfg.lr, cfg.zero_stage, device,
                            key="disc_pretrain.backend", weight_decay=0.01, clip=0.0)
     disc.train()
     parts = {"discriminator": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}

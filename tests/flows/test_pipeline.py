@@ -75,9 +75,8 @@ def mlflow_client(proj: Path):
 
 
 @pytest.mark.slow
-def test_flow_runs_every_stage_and_leaves_dvc_clean(tmp_path):
-    proj = make_project(tmp_path)
-    proc = run_flow(proj)
+def test_flow_runs_every_stage_and_leaves_dvc_clean(finished_project, tmp_path):
+    proj, proc = finished_project.path, finished_project.flow
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     for rel in ("data/world/train.parquet", "models/base/model.safetensors", "reports/validation.json",

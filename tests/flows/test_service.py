@@ -1,6 +1,7 @@
 """Service mode, for real: a Prefect server, a process worker and an MLflow tracking server on free loopback
 ports (`python -m flows.service start`, what `make serve` runs), the deployments of prefect.yaml, and the
-retrain deployment triggered through Prefect's REST API on a tiny project whose champion the pipeline made.
+retrain deployment triggered through Prefect's REST API on the session's finished tiny project (its champion
+is what the pipeline test's flow run registered: no second run from scratch).
 
 Checks: a malformed file in data/incoming/ is rejected to data/rejected/ with its report and nothing trains;
 a good file is pooled (DVC), trains from the champion with stages dispatched to the pool's deployments,
@@ -9,7 +10,6 @@ another runs waits for it (one writer per DVC workspace); `stop` leaves no proce
 """
 import io
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -19,10 +19,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import REPO
-from tests.flows.test_pipeline import make_project, project_env, run_flow
-
-SERVICE_FILES = ("flows", "tasks", "prefect.yaml")
+from tests.flows.test_pipeline import project_env
 
 
 def free_port() -> int:
@@ -90,20 +87,12 @@ def registry(proj, env):
 
 
 @pytest.mark.slow
-def test_retrain_deployment_on_a_local_service(tmp_path):
-    proj = make_project(tmp_path)
-    for name in SERVICE_FILES:
-        src = REPO / name
-        (shutil.copytree(src, proj / name, ignore=shutil.ignore_patterns("__pycache__")) if src.is_dir()
-         else shutil.copy(src, proj / name))
-    params = yaml.safe_load((proj / "params.yaml").read_text())
-    params["rl"]["baseline"] = None  # not needed here; keeps the test short
-    (proj / "params.yaml").write_text(yaml.safe_dump(params))
-
-    # the champion: the pipeline once, inline, into the project's sqlite store (the server serves it later)
-    first = run_flow(proj)
+def test_retrain_deployment_on_a_local_service(finished_project):
+    # the champion: the session's pipeline run, inline, into the project's sqlite store (the server serves it)
+    proj, first = finished_project.path, finished_project.flow
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert (proj / "data/pool.dvc").exists()  # the pool is versioned from the first run, empty
+    params = yaml.safe_load((proj / "params.yaml").read_text())
 
     prefect_port, mlflow_port = free_port(), free_port()
     env = project_env(proj)

@@ -27,6 +27,7 @@ from protege.rl.loop import RLInputs, run_rl
 from protege.train.disc_pretrain import Example, pretrain_discriminator
 from protege.train.sft import train_sft
 from tests.families import FAMILIES, build_family
+from tests.stages.test_agent_rl import VarietyEnv
 
 GREEDY = Sampling(max_new_tokens=4)
 
@@ -231,3 +232,88 @@ def test_gradient_checkpointing_gives_the_same_update(tmp_path, tiny_world):
     (loss_a, w_a), (loss_b, w_b) = results
     assert loss_a == pytest.approx(loss_b, rel=1e-5)
     assert all(torch.allclose(w_a[k], w_b[k], atol=1e-6) for k in w_a)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+def test_lora_agent_rl_with_a_merged_teacher(family, tmp_path):
+    """agent.rl.trainable lora: only adapters move; the KL reference is the policy with adapters off (the first
+    step's KL is 0); GTR-Turbo's merged teacher is a plain model holding the merge of the adapted weights
+    W + scale * B A, so after one update it equals the policy's merged checkpoint."""
+    from protege.models.lora import add_lora, is_lora
+
+    model, processor = load_student(build_family(family, tmp_path / "base"))
+    policy = add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="auto")
+    before = state(policy)
+    agent = AgentConfig.model_validate({"grid": {"max_turns": 2}, "rl": {
+        "steps": 1, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6, "save_every": 1, "lr": 1e-2,
+        "trainable": "lora", "kl_beta": 0.1, "gtr": {"guidance": "kl", "merge": "average"}}})
+    logs = []
+    saved = run_agent_rl(policy, processor, agent, 64, tmp_path / "agent", seed=0, on_log=lambda s, m: logs.append(m),
+                         new_env=VarietyEnv)  # rewards that differ within a group: the update is not zero
+    assert logs[0]["kl_ref"] == 0.0 and torch.isfinite(torch.tensor(logs[0]["loss"]))
+    changed = moved(before, policy)
+    assert changed and all(".lora_" in k for k in changed), sorted(changed)[:5]
+    teacher = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "agent" / "merged-teacher"),
+                                                          use_safetensors=True)
+    assert not is_lora(teacher)
+    checkpoint = AutoModelForImageTextToText.from_pretrained(str(saved[-1]), use_safetensors=True).state_dict()
+    mine = teacher.state_dict()
+    assert all(torch.allclose(mine[k], checkpoint[k], atol=1e-6) for k in mine)
+
+
+def test_lora_discriminator_trains_adapters_and_head_and_saves_merged(tmp_path, tiny_world):
+    from protege.config import Config
+    from protege.models.lora import is_lora
+    from protege.models.discriminator import load_discriminator
+
+    base = build_family("qwen2_vl", tmp_path / "base")
+    _, processor = load_student(base)
+    train = [r for r in load_rows(tiny_world / "train.parquet") if not isinstance(r.image, list)][:6]
+    cfg = Config.model_validate({"model": {"lora": {"rank": 4, "alpha": 8, "dropout": 0.0}}})
+    disc = load_discriminator(base, from_student=True, lora=cfg.model.lora)
+    assert is_lora(disc.backbone)
+    before = state(disc)
+    examples = [Example(r.id, r.question, r.image, a, label) for r in train
+                for a, label in ((r.answer, 1.0), (f"The answer is {r.answer}.", 0.0))]
+    pretrain_discriminator(disc, processor, examples, DiscPretrainConfig(steps=2, batch_size=4, lr=1e-2), seed=0)
+    changed = moved(before, disc)
+    assert any(k.startswith("head.") for k in changed)
+    assert all(".lora_" in k or k.startswith("head.") for k in changed), sorted(changed)[:5]
+    disc.save(tmp_path / "disc")
+    again = Discriminator.load(tmp_path / "disc")
+    assert not is_lora(again.backbone)
+    batch = processor.encode_pairs([r.question for r in train[:2]], [r.image for r in train[:2]], ["1", "2"])
+    with torch.no_grad():
+        assert torch.allclose(disc.eval()(**batch), again.eval()(**batch), atol=1e-5)
+
+
+def test_bfloat16_weights_and_autocast_forwards(tmp_path, tiny_world):
+    """model.dtype bfloat16: bf16 weights, every forward (the copies and a LoRA wrapper's too) under bf16 autocast
+    where the CPU computes bf16 natively, and an SFT step with fp32 adapters gives finite losses."""
+    from protege.config import Config
+    from protege.models.lora import add_lora
+    from protege.models.discriminator import load_discriminator
+    from protege.stages.common import load_model
+    from protege.models.precision import bf16_native
+
+    folder = build_family("qwen2_5_vl", tmp_path / "base")
+    cfg = Config.model_validate({"model": {"dtype": "bfloat16"}})
+    model, processor = load_model(cfg, folder)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    seen = []
+    model.lm_head.register_forward_hook(lambda m, i, o: seen.append((torch.is_autocast_enabled("cpu"), o.dtype)))
+    train = [r for r in load_rows(tiny_world / "train.parquet") if not isinstance(r.image, list)][:8]
+    batch = processor.encode_prompts([r.question for r in train[:2]], [r.image for r in train[:2]])
+    with torch.no_grad():
+        copy.deepcopy(model)(**batch)
+    assert seen == [(bf16_native("cpu"), torch.bfloat16)]
+    policy = add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="auto")
+    logs = []
+    train_sft(policy, processor, train, SFTConfig(steps=2, batch_size=4, lr=1e-2, log_every=1), seed=0,
+              on_log=lambda s, m: logs.append(m["loss"]))
+    assert len(logs) == 2 and all(torch.isfinite(torch.tensor(x)) for x in logs)
+    assert len(seen) > 1 and all(s == (bf16_native("cpu"), torch.bfloat16) for s in seen[1:])
+    disc = load_discriminator(folder, from_student=True, dtype="bfloat16")
+    assert disc.head.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert disc(**processor.encode_pairs([train[0].question], [train[0].image], ["1"])).dtype == torch.bfloat16

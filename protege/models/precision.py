@@ -1,0 +1,55 @@
+"""Mixed precision: `model.dtype: bfloat16` keeps the weights in bf16 and runs every forward of the model under
+bf16 autocast where the device computes in bf16 natively (CUDA with bf16 support; CPUs with AVX512-BF16 or
+AMX), so parts kept in float32 (LoRA adapters, the discriminator's head) meet bf16 activations in bf16
+matmuls. Where bf16 is not native the forward runs as it is: bf16 weights, no autocast.
+
+The autocast is bound to the module's own `forward`, so generation, deep copies (the frozen reference, the
+merged teacher) and peft wrappers all inherit it without each loop opening a context of its own.
+"""
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+from torch import nn
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@functools.cache
+def bf16_native(device_type: str) -> bool:
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device_type == "cpu":
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return False
+
+
+def _autocast_forward(forward):
+    @functools.wraps(forward)
+    def wrapped(self, *args, **kwargs):
+        param = next(self.parameters(), None)
+        device_type = param.device.type if param is not None else "cpu"
+        if not bf16_native(device_type):
+            return forward(self, *args, **kwargs)
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            return forward(self, *args, **kwargs)
+    wrapped.bf16_autocast = True
+    return wrapped
+
+
+def enable_bf16_autocast(model: nn.Module) -> nn.Module:
+    """Binds a bf16-autocast forward to `model` (idempotent); returns it."""
+    if getattr(model.forward, "bf16_autocast", False):
+        return model
+    model.forward = types.MethodType(_autocast_forward(type(model).forward), model)
+    return model
+
+
+def with_precision(model: nn.Module, dtype_name: str) -> nn.Module:
+    """`model` as `model.dtype` asks: bf16 weights and autocast forwards, or float32 untouched."""
+    if dtype_name == "bfloat16":
+        model.to(torch.bfloat16)
+        enable_bf16_autocast(model)
+    return model
