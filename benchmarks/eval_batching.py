@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from protege.config import load_config
-from protege.eval.items import BENCHMARKS
+from protege.bench.items import BENCHMARKS
 from protege.eval.runner import generate_predictions
 from protege.models.student import load_student
 from protege.world.benchmarks import make_mini_benchmark

@@ -134,7 +134,7 @@ def _pin(project: Path, params: Path, cfg) -> str:
     """Writes model.path's content digest as model.digest (DVC then sees a changed model as a changed param)."""
     from protege.errors import UserFacingError
     from protege.pipeline import set_param
-    from protege.stages.common import model_path, pinned_digest
+    from protege.stages.student_model import model_path, pinned_digest
 
     try:
         digest = pinned_digest(cfg, project)

@@ -13,6 +13,9 @@ from typing import Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from protege.bench.items import BENCHMARKS
+from protege.stage_names import STAGES
+
 
 class ConfigError(ValueError):
     """A params file that cannot be used; the message is one line naming the key."""
@@ -157,8 +160,6 @@ class WorldConfig(Section):
 
     @model_validator(mode="after")
     def _known_formats(self) -> "WorldConfig":
-        from protege.eval.items import BENCHMARKS
-
         unknown = sorted(set(self.sft_held_out_formats) - set(BENCHMARKS))
         if unknown:
             raise ValueError(f"world.sft_held_out_formats: unknown format(s) {unknown}; expected benchmark names "
@@ -525,8 +526,6 @@ class EvaluateConfig(Section):
 
     @model_validator(mode="after")
     def _known_benchmarks(self) -> "EvaluateConfig":
-        from protege.eval.items import BENCHMARKS
-
         if isinstance(self.benchmarks, dict):
             unknown = sorted(set(self.benchmarks) - set(BENCHMARKS))
             if unknown or not self.benchmarks:
@@ -557,8 +556,6 @@ class OrchestrationConfig(Section):
     @field_validator("stage_pools")
     @classmethod
     def _known_stages(cls, v: dict[str, str]) -> dict[str, str]:
-        from protege.stages import STAGES
-
         for stage, pool in v.items():
             if stage not in STAGES:
                 raise ValueError(f"orchestration.stage_pools: unknown stage {stage!r}; expected one of "

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from protege.errors import UserFacingError
-from protege.eval.items import BENCHMARKS
+from protege.bench.items import BENCHMARKS
 from protege.eval.stats import paired_bootstrap, percentile_ci
 
 

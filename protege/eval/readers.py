@@ -65,7 +65,7 @@ from pathlib import Path
 from PIL import Image
 
 from protege.errors import UserFacingError
-from protege.eval.items import BENCHMARKS, BenchItem
+from protege.bench.items import BENCHMARKS, BenchItem
 
 LETTERS = "ABCDEFGHIJ"
 SHOW = 10

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from protege.eval.compare import compare, read_units
-from protege.eval.items import Unit
+from protege.bench.items import Unit
 from protege.eval.stats import bootstrap_ci, paired_bootstrap
 
 

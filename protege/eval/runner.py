@@ -7,8 +7,8 @@ import time
 
 from PIL import Image
 
-from protege.eval.items import BenchItem
-from protege.eval.prompts import build_prompt
+from protege.bench.items import BenchItem
+from protege.bench.prompts import build_prompt
 from protege.eval.score import Prediction
 from protege.generation.transformers_backend import Sampling, complete
 

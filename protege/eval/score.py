@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protege.errors import UserFacingError
-from protege.eval.items import BenchItem, Scored, Unit
+from protege.bench.items import BenchItem, Scored, Unit
 from protege.eval.stats import bootstrap_ci, score_of
 
 

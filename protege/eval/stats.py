@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from protege.eval.items import Unit
+from protege.bench.items import Unit
 
 LEVEL = 0.95
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from protege.config import EvaluateConfig, TeacherSpec
 from protege.errors import UserFacingError
-from protege.eval.items import BENCHMARKS, BenchItem
+from protege.bench.items import BENCHMARKS, BenchItem
 from protege.eval.readers import read_benchmark
 from protege.eval.runner import generate_predictions
 from protege.eval.score import score_benchmark, write_predictions, write_scores

@@ -17,7 +17,7 @@ from pathlib import Path
 from PIL import Image
 
 from protege.data.image_bytes import sniff_ext
-from protege.eval.items import BENCHMARKS, BenchItem
+from protege.bench.items import BENCHMARKS, BenchItem
 from protege.eval.readers import JSON_NAME, LETTERS, SEED_TYPES, line_options
 
 SEED_IDS = {v: k for k, v in SEED_TYPES.items()}

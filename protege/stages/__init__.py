@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-STAGES = ("world", "mini_benchmarks", "validate", "sft", "curate", "teachers", "rollouts", "disc_pretrain", "rl",
-          "rl_baseline", "merge", "agent_sft", "agent_rl", "tool_sft", "tool_rl", "evaluate", "promote")
+from protege.stage_names import STAGES
 
 
 def stage_module(name: str):

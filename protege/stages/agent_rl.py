@@ -14,7 +14,8 @@ from protege.eval.agent import evaluate_agent
 
 from protege.rl.agent_loop import agent_fingerprint, run_agent_rl
 from protege.rl.games import is_tool
-from protege.stages.common import inputs_digest, load_model, say, step_logger, with_lora, write_stage_metrics
+from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
+from protege.stages.student_model import load_model, with_lora
 from protege.stages.games import GAMES, GameLayout
 from protege.train.runtime.run_folder import drop_previous, prepare_out_dir
 

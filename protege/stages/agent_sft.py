@@ -7,8 +7,8 @@ from pathlib import Path
 from protege.config import Config
 from protege.models.student import save_student
 from protege.rl.games import is_tool
-from protege.stages.common import (base_model_dir, load_model, log_start_model, say, step_logger,
-                                   write_stage_metrics)
+from protege.stages.common import say, step_logger, write_stage_metrics
+from protege.stages.student_model import base_model_dir, load_model, log_start_model
 from protege.stages.games import GAMES
 from protege.train.agent_sft import train_agent_sft
 

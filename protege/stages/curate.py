@@ -26,7 +26,8 @@ from protege.paths import (
     SFT_MODEL,
     SPLIT_TABLES,
 )
-from protege.stages.common import load_model, say
+from protege.stages.common import say
+from protege.stages.student_model import load_model
 
 
 def run(cfg: Config, root: Path, run) -> None:

@@ -39,7 +39,8 @@ from protege.paths import (
     SPLIT_TABLES,
     checkpoints,
 )
-from protege.stages.common import load_model, say
+from protege.stages.common import say
+from protege.stages.student_model import load_model
 from protege.stages.rl_baseline import RL_BASELINE, baseline_algorithm
 
 CANDIDATE = "merged"  # the pipeline's output, the one `promote` considers

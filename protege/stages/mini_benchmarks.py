@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from protege.config import Config
-from protege.eval.items import BENCHMARKS
+from protege.bench.items import BENCHMARKS
 from protege.eval.suite import mini_file
 from protege.eval.writers import write_benchmark
 from protege.paths import MINI_BENCHMARKS, WORLD

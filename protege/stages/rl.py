@@ -27,7 +27,8 @@ from protege.paths import (
 )
 from protege.rewards.llm_judge import LLMJudge
 from protege.rl.loop import RLInputs, fingerprint, run_rl
-from protege.stages.common import inputs_digest, load_model, say, step_logger, with_lora, write_stage_metrics
+from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
+from protege.stages.student_model import load_model, with_lora
 from protege.teachers.factory import build_teacher
 from protege.train.runtime.distributed import world
 from protege.train.runtime.run_folder import drop_previous, prepare_out_dir

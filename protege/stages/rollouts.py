@@ -11,7 +11,8 @@ from protege.data.rows import load_rows
 from protege.generation.transformers_backend import Sampling, generate_answers
 
 from protege.paths import CURATED_RL, ROLLOUTS, SFT_MODEL
-from protege.stages.common import load_model, say, write_stage_metrics
+from protege.stages.common import say, write_stage_metrics
+from protege.stages.student_model import load_model
 
 
 def run(cfg: Config, root: Path, run) -> None:

@@ -18,7 +18,8 @@ from protege.data.validate import DatasetInvalid, run_suite
 from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
 from protege.paths import CURATED_RL, TEACHER_ANSWERS, TEACHER_CACHE
-from protege.stages.common import base_model_dir, say, write_stage_metrics
+from protege.stages.common import say, write_stage_metrics
+from protege.stages.student_model import base_model_dir
 from protege.teachers.backends import TeacherRequest
 from protege.files import file_sha256
 from protege.teachers.cache import TeacherCache, TeacherCacheIncomplete, cache_key

@@ -47,7 +47,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protege.config import Config, ConfigError, _expected, load_config, read_params, read_yaml_file
-from protege.eval.items import BENCHMARKS
+from protege.bench.items import BENCHMARKS
 
 NAME = r"^[A-Za-z0-9_.-]+$"
 VARIANT_SECTIONS = ("rl", "merge", "evaluate")

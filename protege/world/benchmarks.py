@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from PIL import Image
 
-from protege.eval.items import BENCHMARKS, BenchItem
+from protege.bench.items import BENCHMARKS, BenchItem
 from protege.world.scenes import (
     COLOURS,
     COLOURS_CN,

@@ -4,7 +4,7 @@ Every item carries its full candidate set, so chance level is known exactly (1 /
 is built around a target answer handed in by the caller: the generator deals targets from a shuffled
 deck per kind, so every answer (and every option letter) is equally frequent within a split.
 
-A question's text is rendered by the evaluation's own prompt builder (`protege.eval.prompts`) in the
+A question's text is rendered by the evaluation's own prompt builder (`protege.bench.prompts`) in the
 style of one benchmark family (option lists with letters and "answer with the option's letter"
 instructions, MMBench hints, MMBench-CN's Chinese wording, MMStar's inline options, BLINK's
 two-image questions, short-answer and integer instructions), so the student learns the formats it is
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from protege.eval.items import BenchItem
-from protege.eval.prompts import build_prompt
+from protege.bench.items import BenchItem
+from protege.bench.prompts import build_prompt
 from protege.world.scenes import (
     BAR_COLOURS,
     COLOURS,

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from protege.eval.items import BenchItem
+from protege.bench.items import BenchItem
 from protege.eval.scorers import scorer_for
 
 pytest.importorskip("lmms_eval.tasks._task_utils.mcq_extract", reason="lmms-eval 0.7.3 is installed by `make test`")

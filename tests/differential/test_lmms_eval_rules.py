@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from protege.eval.items import BenchItem
+from protege.bench.items import BenchItem
 from protege.eval.scorers import scorer_for
 from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
 from protege.eval.scorers.lmms_pipeline import drop_reasoning

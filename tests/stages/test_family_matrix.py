@@ -216,7 +216,7 @@ def test_lora_targets_that_name_no_module_are_refused(tmp_path):
 def test_gradient_checkpointing_gives_the_same_update(tmp_path, tiny_world):
     """model.gradient_checkpointing recomputes activations in the backward pass: the same loss and weights."""
     from protege.config import Config
-    from protege.stages.common import load_model
+    from protege.stages.student_model import load_model
 
     folder = build_family("qwen2_5_vl", tmp_path / "base")
     train = [r for r in load_rows(tiny_world / "train.parquet") if not isinstance(r.image, list)][:8]
@@ -293,7 +293,7 @@ def test_bfloat16_weights_and_autocast_forwards(tmp_path, tiny_world):
     from protege.config import Config
     from protege.models.lora import add_lora
     from protege.models.discriminator import load_discriminator
-    from protege.stages.common import load_model
+    from protege.stages.student_model import load_model
     from protege.models.precision import bf16_native
 
     folder = build_family("qwen2_5_vl", tmp_path / "base")

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from protege.config import TeacherSpec
-from protege.eval.items import BenchItem
+from protege.bench.items import BenchItem
 from protege.eval.score import Prediction, score_benchmark
 from protege.eval.suite import completer_for
 from protege.teachers.loopback_server import ServerBehaviour, serve_in_thread

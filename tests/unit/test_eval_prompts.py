@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from protege.eval.items import BENCHMARKS, BenchItem
-from protege.eval.prompts import build_prompt
+from protege.bench.items import BENCHMARKS, BenchItem
+from protege.bench.prompts import build_prompt
 
 OPTS = {"A": "cat", "B": "dog"}
 

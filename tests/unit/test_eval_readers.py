@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from protege.errors import UserFacingError
-from protege.eval.items import BENCHMARKS, BenchItem
+from protege.bench.items import BENCHMARKS, BenchItem
 from protege.eval.readers import (
     line_options,
     mmstar_options,

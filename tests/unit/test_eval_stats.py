@@ -5,7 +5,7 @@ import pytest
 
 from protege.errors import UserFacingError
 from protege.eval.compare import compare
-from protege.eval.items import Unit
+from protege.bench.items import Unit
 from protege.eval.stats import average_ci, bootstrap_ci, paired_bootstrap, score_of
 
 
@@ -70,7 +70,7 @@ def test_compare_leaves_out_benchmarks_without_common_items_and_warns_on_other_f
 
 
 def test_chance_of_guessing_a_listed_option():
-    from protege.eval.items import BenchItem
+    from protege.bench.items import BenchItem
     from protege.eval.score import chance_score
 
     four = {"A": "a", "B": "b", "C": "c", "D": "d"}

@@ -2,7 +2,7 @@
 import pytest
 
 from protege.errors import UserFacingError
-from protege.eval.items import BenchItem
+from protege.bench.items import BenchItem
 from protege.eval.scorers import harness_prompts, scorer_for
 
 

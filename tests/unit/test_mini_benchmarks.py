@@ -2,7 +2,7 @@
 import hashlib
 import re
 
-from protege.eval.items import BENCHMARKS
+from protege.bench.items import BENCHMARKS
 from protege.world.benchmarks import make_mini_benchmark
 
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from protege.cli import app
 from protege.config import load_config
 from protege.errors import UserFacingError
-from protege.stages.common import base_model_dir, init_dir
+from protege.stages.student_model import base_model_dir, init_dir
 from tests.conftest import REPO
 from tests.families import build_family
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from protege.errors import UserFacingError
-from protege.eval.items import BENCHMARKS, BenchItem
+from protege.bench.items import BENCHMARKS, BenchItem
 from protege.eval.scorers import scorer_for
 from protege.eval.scorers.chartqa import relaxed_match
 from protege.eval.scorers.letters import (

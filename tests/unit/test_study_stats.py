@@ -2,7 +2,7 @@
 import pytest
 
 from protege.eval.stats import bootstrap_ci
-from protege.eval.items import Unit
+from protege.bench.items import Unit
 from protege.study.stats import Part, pair_runs, paired_difference, summarize, verdict
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from protege.eval.items import BENCHMARKS
+from protege.bench.items import BENCHMARKS
 from protege.eval.scorers.base import Completer, Scorer
 from protege.eval.scorers.chartqa import ChartQAScorer
 from protege.eval.scorers.lmms_choice import (

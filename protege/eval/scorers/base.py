@@ -5,7 +5,7 @@ import re
 from collections.abc import Callable
 from typing import Protocol
 
-from protege.eval.items import BenchItem, Scored, Unit
+from protege.bench.items import BenchItem, Scored, Unit
 
 # A text LLM: a batch of prompts in, one reply per prompt out (judge / extraction fallback).
 Completer = Callable[[list[str]], list[str]]

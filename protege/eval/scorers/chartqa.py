@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import re
 
-from protege.eval.items import BenchItem, Scored
+from protege.bench.items import BenchItem, Scored
 from protege.eval.scorers.base import Completer, ItemScorer, check_lengths
 
 _GROUPED_NUMBER = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?$")

@@ -1,7 +1,7 @@
 """MMBench / MMBench-CN CircularEval: a question counts only if every rotated copy is answered right."""
 from __future__ import annotations
 
-from protege.eval.items import BenchItem, Scored, Unit
+from protege.bench.items import BenchItem, Scored, Unit
 from protege.eval.scorers.base import Completer, ask, check_lengths
 from protege.eval.scorers.harness_prompts import lmms_eval_prompt
 from protege.eval.scorers.letters import (

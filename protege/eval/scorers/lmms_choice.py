@@ -13,7 +13,7 @@ import re
 import string
 
 from protege.errors import UserFacingError
-from protege.eval.items import BenchItem, Scored
+from protege.bench.items import BenchItem, Scored
 from protege.eval.scorers.base import Completer, ItemScorer, check_lengths
 from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
 from protege.eval.scorers.lmms_pipeline import TaskFilter, ai2d_filter, lmms_response

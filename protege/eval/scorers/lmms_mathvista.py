@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from protege.errors import UserFacingError
-from protege.eval.items import BenchItem, Scored
+from protege.bench.items import BenchItem, Scored
 from protege.eval.scorers.base import Completer, ItemScorer, ask, check_lengths
 from protege.eval.scorers.harness_prompts import lmms_eval_prompt
 from protege.eval.scorers.lmms_pipeline import lmms_response

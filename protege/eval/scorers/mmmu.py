@@ -5,7 +5,7 @@ import ast
 import re
 
 from protege.errors import UserFacingError
-from protege.eval.items import BenchItem, Scored
+from protege.bench.items import BenchItem, Scored
 from protege.eval.scorers.base import as_float, numbers_in, words_to_digits
 from protege.eval.scorers.multiple_choice import ChoiceScorer
 

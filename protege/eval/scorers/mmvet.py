@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from protege.eval.items import BenchItem, Scored
+from protege.bench.items import BenchItem, Scored
 from protege.eval.scorers.base import (
     Completer,
     ItemScorer,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from protege.errors import UserFacingError
-from protege.eval.items import BenchItem, Scored
+from protege.bench.items import BenchItem, Scored
 from protege.eval.scorers.base import (
     Completer,
     ItemScorer,

@@ -27,7 +27,7 @@ Prompts per task (lmms-eval `default` kwargs):
 """
 from __future__ import annotations
 
-from protege.eval.items import BenchItem
+from protege.bench.items import BenchItem
 
 LETTER_DIRECTLY = "Answer with the option's letter from the given choices directly."
 SHORT_ANSWER = "Answer the question using a single word or phrase."

@@ -1,0 +1,78 @@
+"""Imports point one way: foundation <- models / data / world <- rollout and runtime <- algorithms <- stages <-
+study / CLI (<- flows and tasks, outside the package). A module may import its own layer or lower ones; the
+test parses every module's imports (lazy ones inside functions too)."""
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+# longest matching prefix wins
+LAYERS = {
+    "foundation": ["protege", "protege.config", "protege.paths", "protege.files", "protege.errors",
+                   "protege.stage_names", "protege.workspace", "protege.bench"],
+    "models/data/world": ["protege.models", "protege.data", "protege.world", "protege.tools", "protege.merging",
+                          "protege.rewards.judge", "protege.rewards.similarity", "protege.tracking"],
+    "rollout/runtime": ["protege.generation", "protege.train.runtime", "protege.rl.episodes", "protege.rl.games",
+                        "protege.rl.group", "protege.rl.logprobs", "protege.rl.reference", "protege.teachers",
+                        "protege.rewards"],
+    "algorithms": ["protege.rl", "protege.train", "protege.eval"],
+    "stages": ["protege.stages", "protege.pipeline", "protege.lineage", "protege.pool", "protege.retrain",
+               "protege.registry_eval", "protege.stage_deps"],
+    "study/cli": ["protege.study", "protege.cli", "protege.stage_host", "protege.__main__"],
+}
+ORDER = list(LAYERS)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str:
+    best, found = -1, None
+    for name, prefixes in LAYERS.items():
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, found = len(p), name
+    assert found is not None, f"{module}: in no layer of tests/unit/test_layers.py"
+    return found
+
+
+def imported(path: Path, modules: set[str]) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("protege"):
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("protege"))
+    return out
+
+
+def violations() -> list[str]:
+    files = {module_name(p): p for p in (REPO / "protege").rglob("*.py")}
+    found = []
+    for mod, path in sorted(files.items()):
+        mine = ORDER.index(layer(mod))
+        for dep in sorted(imported(path, set(files))):
+            if dep != "protege" and ORDER.index(layer(dep)) > mine:
+                found.append(f"{mod} ({layer(mod)}) imports {dep} ({layer(dep)})")
+    return found
+
+
+def test_imports_point_one_way():
+    assert violations() == []
+
+
+def test_config_imports_nothing_from_eval_or_stages():
+    deps = imported(REPO / "protege/config.py", set())
+    assert not [d for d in deps if d.startswith(("protege.eval", "protege.stages"))], deps
+
+
+def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
+    """A foundation module importing a stage is reported."""
+    fake = REPO / "protege" / "paths.py"
+    text = fake.read_text() + "\nfrom protege.stages.rl import run  # injected\n"
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == fake else real(self, *a, **k))
+    assert "protege.paths (foundation) imports protege.stages.rl (stages)" in violations()
