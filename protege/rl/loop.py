@@ -135,8 +135,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     offload_ref = cfg.offload_idle
     offload_disc = cfg.offload_idle and cfg.backend == "torch"
     policy.to(device)
-    if ref is None and cfg.trainable != "lora":
-        raise ValueError("run_rl: a reference model is needed unless rl.trainable is lora")
+    if ref is None and cfg.trainable != "lora" and cfg.kl_beta > 0:
+        raise ValueError("run_rl: rl.kl_beta > 0 needs a reference model unless rl.trainable is lora")
     if ref is not None:
         ref.to(CPU if offload_ref else device)
     if disc is not None:
@@ -261,9 +261,13 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         # 5. one policy update (mu = 1): pi_old equals pi_theta before this step, so its log-probs (student
         #    and teacher tokens alike) are the detached current ones and the ratio starts at exactly 1
         row_inputs = processor.repeat_rows(prompts, [r.image for r in batch_rows], per_q)
-        with torch.no_grad(), reference(policy, ref, device, offload_ref) as ref_model:
-            logp_ref = completion_logprobs(ref_model, group, row_inputs, processor)
+        logp_ref = None
+        if cfg.kl_beta > 0:  # with no KL term the reference forward would be wasted
+            with torch.no_grad(), reference(policy, ref, device, offload_ref) as ref_model:
+                logp_ref = completion_logprobs(ref_model, group, row_inputs, processor)
         logp, entropy = completion_logprobs(policy, group, row_inputs, processor, with_entropy=True)
+        if logp_ref is None:
+            logp_ref = logp.detach()
         mask = group.completion_mask.float()
         loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv.to(device), mask, clip_eps=cfg.clip_eps,
                                   kl_beta=cfg.kl_beta, aggregation="grpo" if cfg.algorithm == "grpo" else "dr_grpo",

@@ -126,8 +126,8 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
         if (root / rel).exists() and (ril or rel not in (TEACHER_ANSWERS, DISCRIMINATOR)):
             run.log_input(rel, context=ctx)
     policy, processor = load_model(cfg, root / SFT_MODEL)
-    # a LoRA policy is its own reference (adapters disabled): no second copy of the weights
-    ref = None if c.trainable == "lora" else load_model(cfg, root / SFT_MODEL)[0]
+    # a LoRA policy is its own reference (adapters disabled): no second copy; no KL term: no reference at all
+    ref = None if c.trainable == "lora" or c.kl_beta == 0 else load_model(cfg, root / SFT_MODEL)[0]
     policy = with_lora(cfg, policy, c.trainable)
     out = root / out_rel
     digest = inputs_digest(root, input_files(ril))

@@ -320,3 +320,22 @@ def test_a_kill_between_the_state_renames_loses_nothing(tiny_student, tmp_path):
     recover_state(folder)                           # the owner finishes the swap
     assert read_state(folder)["step"] == 2 and (folder / "policy.safetensors").exists()
     assert not tmp.exists() and not old.exists()
+
+
+def test_no_kl_term_needs_no_reference_and_changes_no_weight(tiny_student, tiny_processor, rows, tmp_path):
+    """rl.kl_beta 0: the reference forward is skipped (no reference model at all) and the weights are bitwise
+    those of a run that had one; a KL term without a reference is refused."""
+    # RIL with continuous similarity: rewards differ within every group, so the weights move
+    cfg = RLConfig(**{**BASE, "kl_beta": 0.0, "algorithm": "ril", "similarity": "continuous"})
+    disc = disc_from(tiny_student)
+    with_ref, without = copy.deepcopy(tiny_student), copy.deepcopy(tiny_student)
+    run_rl(with_ref, copy.deepcopy(tiny_student), tiny_processor,
+           RLInputs(rows, teacher_answers(rows), copy.deepcopy(disc)), cfg, tmp_path / "a", seed=0)
+    run_rl(without, None, tiny_processor, RLInputs(rows, teacher_answers(rows), copy.deepcopy(disc)), cfg,
+           tmp_path / "b", seed=0)
+    a, b = with_ref.state_dict(), without.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], v) for k, v in tiny_student.state_dict().items())
+    with pytest.raises(ValueError, match="rl.kl_beta > 0 needs a reference model"):
+        run_rl(copy.deepcopy(tiny_student), None, tiny_processor, RLInputs(rows), RLConfig(**BASE), tmp_path / "c",
+               seed=0)
