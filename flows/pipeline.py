@@ -2,8 +2,9 @@
 
 dispatch 'inline' (the CLI's `protege pipeline`) runs each stage in this flow's process; 'pools' (the
 deployments in prefect.yaml) runs each one as a flow run of protege-stage/stage-<pool>, on the work pool
-that params.yaml's orchestration section names for it. Either way the flow holds the project's
-workspace lock: one writer per DVC workspace."""
+that params.yaml's orchestration section names for it. Inline, `orchestration.jobs` stages of independent
+branches run at once (protege/pipeline.py says how DVC still records each). Either way the flow holds the
+project's workspace lock: one writer per DVC workspace."""
 from __future__ import annotations
 
 import argparse
@@ -19,15 +20,19 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_HOME", str(Path(".prefect").resolve()))
 
 from prefect import flow  # noqa: E402
+from prefect.futures import wait  # noqa: E402
 
 import protege  # noqa: E402,F401  (offline settings)
 from protege import stage_host  # noqa: E402
+from protege.config import load_config  # noqa: E402
+from protege.pipeline import set_jobs, stage_upstream  # noqa: E402
 from protege.stages import STAGES  # noqa: E402
 from protege.workspace import workspace_lock  # noqa: E402
 from tasks.stages import (  # noqa: E402
     close_parent_run,
     dispatch_stage,
     open_parent_run,
+    parallel_stage_task,
     stage_pool,
     stage_task,
     version_pool,
@@ -40,9 +45,22 @@ def run_stages(project_dir: str, stages, parent: str, dispatch: str) -> dict[str
         for stage in stages:
             outputs[stage] = dispatch_stage(project_dir, stage, parent, stage_pool(project_dir, stage))
         return outputs
+    jobs = load_config(f"{project_dir}/params.yaml").orchestration.jobs
     with stage_host.running():  # the stage commands DVC runs skip the imports a fresh process pays for
-        for stage in stages:
-            outputs[stage] = stage_task(stage)(project_dir, stage, parent)
+        if jobs == 1:
+            for stage in stages:
+                outputs[stage] = stage_task(stage)(project_dir, stage, parent)
+            return outputs
+        # every stage starts once the stages writing its deps are done, at most `jobs` at a time
+        set_jobs(jobs)
+        upstream = stage_upstream(project_dir, stages)
+        futures = {}
+        for i, stage in enumerate(stages):
+            futures[stage] = parallel_stage_task(stage).submit(project_dir, stage, parent, i,
+                                                               wait_for=[futures[u] for u in upstream[stage]])
+        wait(list(futures.values()))  # a failed branch stops its own stages; the others finish first
+        for stage, future in futures.items():
+            outputs[stage] = future.result()
     return outputs
 
 

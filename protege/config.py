@@ -414,6 +414,7 @@ class AgentSFTConfig(Section):
     batch_size: int = Field(32, ge=1, le=1_000_000)   # rows: turns under context "current", else episodes
     lr: float = Field(2e-3, gt=0, le=10)
     log_every: int = Field(25, ge=1, le=10_000_000)
+    save_every: int = Field(200, ge=1, le=10_000_000)  # steps between training states: a re-run resumes
 
 
 class GTRConfig(Section):
@@ -552,6 +553,9 @@ class OrchestrationConfig(Section):
     does not change results."""
     default_pool: str = Field("cpu", pattern=r"^[a-z0-9-]+$")
     stage_pools: dict[str, str] = Field(default_factory=lambda: {s: "gpu" for s in GPU_STAGES})
+    # inline runs (`protege pipeline`, `make demo`): stages of independent branches at once (the question
+    # chain beside the agent and tool games); 1 runs them one by one (a single GPU one stage fills)
+    jobs: int = Field(2, ge=1, le=64)
 
     @field_validator("stage_pools")
     @classmethod

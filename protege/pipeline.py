@@ -1,14 +1,25 @@
 """Running one dvc.yaml stage through DVC, so DVC decides what is up to date and records the lock.
 
 The Prefect flow calls this for each stage; so can anything else that orchestrates (no Prefect here).
+
+Stages of independent branches (the question chain, the agent game, the tool game) can run at the same time
+(`orchestration.jobs`). DVC holds one lock per workspace for a whole `dvc repro`, so a stage run next to
+another does what `dvc repro --single-item` does in three steps, only the first and last under the lock:
+ask DVC whether the stage changed (`dvc status`), run its command (its non-persistent outputs removed first,
+as DVC does), and record it (`dvc commit`: the outputs cached and the lock entry written). The outputs are
+the same files either way; only the time differs.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
+import heapq
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import yaml
@@ -32,6 +43,23 @@ def stage_outs(project_dir: Path, stage: str) -> list[str]:
     return outs
 
 
+def _path(entry) -> str:
+    return str(next(iter(entry)) if isinstance(entry, dict) else entry)
+
+
+def _overlaps(a: str, b: str) -> bool:
+    a, b = a.rstrip("/"), b.rstrip("/")
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def stage_upstream(project_dir: str | Path, stages) -> dict[str, list[str]]:
+    """For each of `stages` (dvc.yaml's order), the stages among them that write one of its deps."""
+    spec = yaml.safe_load((Path(project_dir) / "dvc.yaml").read_text())["stages"]
+    outs = {s: [_path(o) for key in ("outs", "metrics") for o in spec[s].get(key, [])] for s in stages}
+    return {s: [u for u in stages if u != s and any(_overlaps(_path(d), o) for d in spec[s].get("deps", [])
+                                                    for o in outs[u])] for s in stages}
+
+
 def stage_env(parent_run_id: str | None) -> dict[str, str]:
     env = dict(os.environ)
     bin_dir = str(Path(sys.executable).parent)  # so `protege` and `dvc` of this environment are found
@@ -45,10 +73,64 @@ def stage_env(parent_run_id: str | None) -> dict[str, str]:
 def repro_stage(project_dir: str | Path, stage: str, parent_run_id: str | None = None) -> list[str]:
     """`dvc repro --single-item STAGE`: runs the stage only if its deps or params changed."""
     project_dir = Path(project_dir).resolve()
-    cmd = [sys.executable, "-m", "dvc", "repro", "--single-item", stage]
+    _stream([sys.executable, "-m", "dvc", "repro", "--single-item", stage], project_dir, parent_run_id, stage)
+    return stage_outs(project_dir, stage)
+
+
+class Slots:
+    """At most n stages at once; a freed slot goes to the waiting stage earliest in dvc.yaml's order (the
+    question chain, the longest, before the games)."""
+
+    def __init__(self, n: int):
+        self.free, self.waiting, self.cv = n, [], threading.Condition()
+
+    @contextlib.contextmanager
+    def slot(self, priority: int):
+        with self.cv:
+            heapq.heappush(self.waiting, priority)
+            self.cv.wait_for(lambda: self.free > 0 and self.waiting[0] == priority)
+            heapq.heappop(self.waiting)
+            self.free -= 1
+            self.cv.notify_all()
+        try:
+            yield
+        finally:
+            with self.cv:
+                self.free += 1
+                self.cv.notify_all()
+
+
+_SLOTS = Slots(1)
+
+
+def set_jobs(n: int) -> None:
+    """How many stages `run_stage_in_slot` runs at once in this process."""
+    global _SLOTS
+    _SLOTS = Slots(n)
+
+
+def run_stage_in_slot(project_dir: str | Path, stage: str, parent_run_id: str | None, priority: int) -> list[str]:
+    with _SLOTS.slot(priority):
+        return run_stage_beside_others(project_dir, stage, parent_run_id)
+
+
+_DVC = threading.Lock()  # this process's DVC calls, one at a time (DVC's own lock is per workspace)
+
+
+def _dvc(project_dir: Path, *args: str) -> str:
+    with _DVC:
+        proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project_dir, env=stage_env(None),
+                              capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"dvc {' '.join(args)} failed (exit {proc.returncode}): "
+                           f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
+    return proc.stdout
+
+
+def _stream(cmd, project_dir: Path, parent_run_id: str | None, stage: str, shell: bool = False) -> None:
     tail: collections.deque[str] = collections.deque(maxlen=40)
     with subprocess.Popen(cmd, cwd=project_dir, env=stage_env(parent_run_id), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+                          stderr=subprocess.STDOUT, text=True, bufsize=1, shell=shell) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:  # stream progress to the user, keep the tail for the error
             sys.stdout.write(line)
@@ -56,6 +138,28 @@ def repro_stage(project_dir: str | Path, stage: str, parent_run_id: str | None =
             tail.append(line.rstrip("\n"))
     if proc.returncode != 0:
         raise StageFailed(stage, proc.returncode, list(tail))
+
+
+def run_stage_beside_others(project_dir: str | Path, stage: str, parent_run_id: str | None = None) -> list[str]:
+    """`dvc repro --single-item STAGE` without holding DVC's workspace lock while the stage's command runs, so
+    a stage of another branch can run meanwhile (see the module docstring)."""
+    project_dir = Path(project_dir).resolve()
+    if not json.loads(_dvc(project_dir, "status", "--json", stage) or "{}"):
+        print(f"Stage '{stage}' didn't change, skipping", flush=True)
+        return stage_outs(project_dir, stage)
+    spec = yaml.safe_load((project_dir / "dvc.yaml").read_text())["stages"][stage]
+    for key in ("outs", "metrics", "plots"):
+        for o in spec.get(key, []):
+            if isinstance(o, dict) and (next(iter(o.values())) or {}).get("persist"):
+                continue
+            target = project_dir / _path(o)
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+    print(f"Running stage '{stage}':\n> {spec['cmd']}", flush=True)
+    _stream(spec["cmd"], project_dir, parent_run_id, stage, shell=True)
+    _dvc(project_dir, "commit", "--force", "--quiet", stage)
     return stage_outs(project_dir, stage)
 
 

@@ -9,7 +9,8 @@ host, or if it cannot be reached, the command runs in its own process as before,
 on it. Signals the command gets are passed on to the child; if the command dies the child is stopped.
 
 The host stays single-threaded (fork copies only the calling thread) and never runs torch code itself, so
-a child starts from a clean torch.
+a child starts from a clean torch. Each request is handled in a process of its own: stages of independent
+branches (the pipeline's `orchestration.jobs`) run at the same time.
 """
 from __future__ import annotations
 
@@ -121,13 +122,22 @@ def serve(path: str) -> None:
     listener.bind(tmp)
     listener.listen(8)
     os.replace(tmp, path)  # clients see the socket only once it accepts
+    # each request gets a handler process of its own, so stages of independent branches run at once; the
+    # host reaps nothing itself (SIGCHLD ignored), a handler waits for its stage as before
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     while True:
         conn, _ = listener.accept()
-        with conn:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             try:
                 _handle(conn, listener)
             except Exception:  # one bad request must not end the host
                 traceback.print_exc()
+            finally:
+                os._exit(0)
+        conn.close()
 
 
 def run_via_host(argv: list[str]) -> int | None:

@@ -2,13 +2,15 @@
 `run_game(cfg, cfg.tool, ...)` is the same recipe for the tool environment (the tool_sft stage)."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from protege.config import Config
 from protege.models.student import save_student
+from protege.paths import BASE_MODEL, TRAINING_STATES
 from protege.rl.games import is_tool
-from protege.stages.common import say, step_logger, write_stage_metrics
-from protege.stages.student_model import base_model_dir, load_model, log_start_model
+from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
+from protege.stages.student_model import base_model_dir, load_model, log_start_model, model_path
 from protege.stages.games import GAMES
 from protege.train.agent_sft import train_agent_sft
 
@@ -31,13 +33,18 @@ def run_game(cfg: Config, game_cfg, root: Path, mlrun) -> None:
     log_start_model(cfg, root, mlrun, start, "init")
     model, processor = load_model(cfg, start)
     say(name, f"{g.sft.steps} steps x {g.sft.batch_size} of {g.sft.episodes} solver episodes ({_describe(g)})")
+    state = root / TRAINING_STATES / name
+    digest = cfg.model.digest if model_path(cfg, root) is not None else inputs_digest(root, [BASE_MODEL])
     summary = train_agent_sft(model, processor, g, cfg.world.image_size, cfg.seed,
-                              on_log=step_logger(name, mlrun, every_print=max(1, g.sft.steps // 5)))
+                              on_log=step_logger(name, mlrun, every_print=max(1, g.sft.steps // 5)),
+                              state_dir=state, inputs_digest=digest or "")
+    resumed = summary["resumed_after_step"]
     save_student(model, processor, root / layout.sft_model)
+    shutil.rmtree(state, ignore_errors=True)  # the checkpoint is written: a finished run needs no state
     mlrun.log_model(root / layout.sft_model, name.replace("_", "-"), params=g.sft.model_dump())
     write_stage_metrics(root, name, summary)
     say(name, f"loss {summary['loss']:.4f} after {g.sft.steps} steps on {summary['turns']} solver turns "
-              f"-> {layout.sft_model}")
+              f"-> {layout.sft_model}" + (f" (resumed after step {resumed})" if resumed else ""))
 
 
 def run(cfg: Config, root: Path, run) -> None:

@@ -19,6 +19,7 @@ from protege.rl.episodes import (Episode, add_observation, add_policy_turn, batc
 from protege.rl.games import Game, expert_episodes
 from protege.rl.losses import thought_sft_loss
 from protege.train.runtime.placement import resolve_device
+from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint, prepare_state, restore_state, save_state
 from protege.train.runtime.updaters import make_updater
 from protege.world.envs import GridParams
 
@@ -42,10 +43,21 @@ def expert_as_episode(processor: StudentProcessor, turns, context: str = "full")
     return ep
 
 
+def sft_fingerprint(cfg: Game, image_size: int, seed: int, inputs_digest: str = "") -> str:
+    """What a warm start's result depends on: its own settings, the game that writes its episodes, the
+    image size and the seed (logging and saving excluded)."""
+    game = cfg.model_dump(include={"env", "context", "grid", "task", "solver_slips"})
+    return fingerprint({"sft": cfg.sft.model_dump(exclude={"log_every", "save_every"}), "game": game,
+                        "image_size": image_size}, seed, inputs_digest)
+
+
 def train_agent_sft(model, processor: StudentProcessor, cfg: Game, image_size: int, seed: int,
-                    device_name: str = "auto", on_log: Callable[[int, dict], None] | None = None) -> dict:
+                    device_name: str = "auto", on_log: Callable[[int, dict], None] | None = None, *,
+                    state_dir=None, inputs_digest: str = "", stop_after: int | None = None) -> dict:
     """Trains `model` in place on `cfg.sft.episodes` expert episodes (train seeds 0..episodes-1), in batches
-    of `batch_size` rows: single turns under context "current" (i.i.d. across layouts), else whole episodes."""
+    of `batch_size` rows: single turns under context "current" (i.i.d. across layouts), else whole episodes.
+    With `state_dir` it saves its training state every `sft.save_every` steps and resumes from a state of
+    this very run (bitwise the weights of an uninterrupted run); `stop_after` ends it early (tests)."""
     sft = cfg.sft
     episodes = [expert_as_episode(processor, turns, cfg.context)
                 for turns in expert_episodes(cfg, image_size, sft.episodes)]
@@ -55,10 +67,16 @@ def train_agent_sft(model, processor: StudentProcessor, cfg: Game, image_size: i
     model.to(device).train()
     updater = make_updater("torch", model, [p for p in model.parameters() if p.requires_grad], sft.lr, 2, device,
                            key="agent.sft")
+    parts = {"model": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
+    fp = sft_fingerprint(cfg, image_size, seed, inputs_digest)
     rows = [row for e in episodes for row in e.rows()]  # a turn each under context "current", else an episode
     order: list[int] = []
-    t0, last = time.perf_counter(), {}
-    for step in range(1, sft.steps + 1):
+    start, last = 1, {}
+    if state_dir is not None and (meta := prepare_state(state_dir, fp, 0, lambda: None)) is not None:
+        restore_state(state_dir, meta, parts=parts, py_rng=rng)
+        order, last, start = meta["cursor"]["order"], meta["cursor"]["last"], meta["step"] + 1
+    t0 = time.perf_counter()
+    for step in range(start, sft.steps + 1):
         if len(order) < sft.batch_size:  # epoch-wise shuffle: every row once per epoch
             fresh = list(range(len(rows)))
             rng.shuffle(fresh)
@@ -70,4 +88,10 @@ def train_agent_sft(model, processor: StudentProcessor, cfg: Game, image_size: i
         last = {"loss": float(loss.detach()), "seconds": time.perf_counter() - t0}
         if on_log and (step % sft.log_every == 0 or step == sft.steps):
             on_log(step, last)
-    return {"episodes": len(episodes), "turns": sum(e.turns for e in episodes), **last}
+        if state_dir is not None and (step % sft.save_every == 0 or step == sft.steps):
+            save_state(state_dir, step=step, parts=parts, py_rng=rng, cursor={"order": order, "last": last},
+                       fingerprint=fp)
+        if stop_after is not None and step >= stop_after:
+            break
+    return {"episodes": len(episodes), "turns": sum(e.turns for e in episodes), "resumed_after_step": start - 1,
+            **last}

@@ -146,3 +146,22 @@ def test_summary_table_for_the_demo():
     md = summary_markdown({"start": r, "end": {**r, "success_rate": 0.625}})
     assert "| warm start | 50.0 [40.0, 60.0] | 25.0 | 0.081 |" in md and "| last RL checkpoint | 62.5" in md
     assert "merged teacher" not in md
+
+
+def test_warm_start_resumes_to_bitwise_the_same_weights(tiny_student, tiny_processor, tmp_path):
+    """agent_sft (and tool_sft) save their state every save_every steps: a run stopped after step 2 and run
+    again ends with exactly the weights of one that never stopped; other settings start afresh."""
+    cfg = AgentConfig.model_validate({"grid": {"max_turns": 2},
+                                      "sft": {"episodes": 8, "steps": 4, "batch_size": 4, "save_every": 2}})
+    whole, parted = copy.deepcopy(tiny_student), copy.deepcopy(tiny_student)
+    train_agent_sft(whole, tiny_processor, cfg, 64, seed=0)
+    first = train_agent_sft(parted, tiny_processor, cfg, 64, seed=0, state_dir=tmp_path / "state", stop_after=2)
+    assert first["resumed_after_step"] == 0
+    again = copy.deepcopy(tiny_student)  # a fresh process: the start weights, then the saved state
+    out = train_agent_sft(again, tiny_processor, cfg, 64, seed=0, state_dir=tmp_path / "state")
+    assert out["resumed_after_step"] == 2 and "loss" in out
+    a, b = whole.state_dict(), again.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"lr": 1e-2})})
+    assert train_agent_sft(copy.deepcopy(tiny_student), tiny_processor, other, 64, seed=0,
+                           state_dir=tmp_path / "state")["resumed_after_step"] == 0
