@@ -456,6 +456,14 @@ class AgentRLConfig(SamplingConfig):
     gtr: GTRConfig = GTRConfig()
     gtpo: GTPOConfig = GTPOConfig()
 
+    @field_validator("generation")
+    @classmethod
+    def _transformers_only(cls, v: str) -> str:
+        if v != "transformers":  # refused, not ignored: the setting would otherwise enter fingerprints unused
+            raise ValueError("is vllm, but the multi-turn loop samples with transformers only (one batched generate per "
+                             "turn, protege/rl/episodes.py); use transformers")
+        return v
+
 
 class AgentConfig(Section):
     """Multi-turn visual agent RL (GTR-Turbo): the grid game, warm start, RL, success-rate evaluation."""

@@ -22,6 +22,8 @@ CASES = [
     ("typo_steps", b"rl:\n  steps: 50000000\n", ":2: key 'rl.steps' expects int: Input should be less than or equal"),
     ("absurd_lr", b"rl:\n  lr: 1.0e+9\n", ":2: key 'rl.lr' expects float: Input should be less than or equal to 10"),
     ("negative", b"world:\n  n_test: -4\n", ":2: key 'world.n_test' expects int: Input should be greater than"),
+    ("vllm_in_the_tool_loop", b"tool:\n  rl:\n    generation: vllm\n",
+     ":3: key 'tool.rl.generation' is vllm, but the multi-turn loop samples with transformers only"),
     ("empty", b"", ": the params file is empty"),
     ("comments_only", b"# nothing here\n\n", ": the params file is empty"),
     ("not_utf8", b"sft:\n  schedule: cosine\xff\n", ":2: not UTF-8 text (byte 0xff at offset 23)"),
