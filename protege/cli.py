@@ -91,12 +91,42 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
         import torch
 
         torch.set_num_threads(cfg.threads)
+    from protege import provenance
+
     try:
+        provenance.set_current(stage_record(name, cfg, root))
         with tracking.stage_run(name, root) as run:
             run.log_metrics({"process_startup_s": _process_age_s()})  # imports etc. before the run opened
             module.run(cfg, root, run)
     except (UserFacingError, FileNotFoundError, FloatingPointError) as exc:
         _fail(f"{name}: {_one_line(exc)}", code=1)
+
+
+def stage_record(name: str, cfg, root: Path) -> dict:
+    """protege.json for what stage `name` writes: the resolved params it reads (its params in dvc.yaml; the
+    whole configuration where the project has no dvc.yaml), the code version and its data inputs' digests."""
+    import yaml
+
+    from protege import __version__, tracking
+    from protege.lineage import git_state
+
+    values = cfg.model_dump(mode="json")
+    spec = {}
+    if (root / "dvc.yaml").exists():
+        spec = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {}).get(name, {})
+    keys = [str(k) for k in spec.get("params", [])] if spec else list(values)
+    params = {}
+    for key in keys:
+        node = values
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        params[key] = node
+    deps = [str(next(iter(d)) if isinstance(d, dict) else d) for d in spec.get("deps", [])]
+    inputs = {d: tracking.input_digest(root, d) for d in deps
+              if not d.startswith("protege/") and (root / d).exists()}
+    git = git_state(root)
+    return {"stage": name, "params": params, "inputs": inputs,
+            "code": {"protege": __version__, "git_commit": git and git["commit"], "git_dirty": git and git["dirty"]}}
 
 
 def _process_age_s() -> float:

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from protege import provenance
 from protege.models.hf_folder import copy_processor_files
 from protege.models.precision import DTYPES, with_precision
 
@@ -79,6 +80,7 @@ class Discriminator(nn.Module):
         (path / "discriminator.json").write_text(json.dumps({"head": "linear", "label": "student=1, teacher=0"}))
         if self.source is not None:
             copy_processor_files(self.source, path)
+        provenance.write(path)
 
     @classmethod
     def load(cls, path: str | Path, trust_remote_code: bool = False,

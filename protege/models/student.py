@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
+from protege import provenance
 from protege.config import ModelConfig
 from protege.models.hf_folder import check_folder
 from protege.models.processor import StudentProcessor
@@ -45,8 +46,8 @@ def build_student(cfg: ModelConfig, processor: StudentProcessor, seed: int) -> Q
 
 
 def save_student(model, processor: StudentProcessor, path: str | Path) -> None:
-    """A checkpoint folder: weights (a LoRA model's merged full weights, plus its adapter under adapter/) and
-    the processor's files."""
+    """A checkpoint folder: weights (a LoRA model's merged full weights, plus its adapter under adapter/), the
+    processor's files and, inside a stage, protege.json (protege.provenance)."""
     from protege.models.lora import is_lora, save_lora_checkpoint
 
     path = Path(path)
@@ -56,6 +57,7 @@ def save_student(model, processor: StudentProcessor, path: str | Path) -> None:
     else:
         model.save_pretrained(str(path), safe_serialization=True)
     processor.save_pretrained(path)
+    provenance.write(path)  # what made it, when a stage is running
 
 
 def load_student(path: str | Path, dtype=torch.float32, trust_remote_code: bool = False):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from protege import provenance
 from protege.config import Config, ConfigError, read_yaml_file
 from protege.errors import UserFacingError
 from protege.merging.config import parse_config
@@ -62,6 +63,7 @@ def run(cfg: Config, root: Path, run) -> None:
     merge_folders(merge_cfg, out, seed=cfg.merge.seed, overwrite=True)
     if cfg.merge.config is not None:  # the settings this soup came from travel with it
         shutil.copy(root / cfg.merge.config, out / "merge_config.yaml")
+    provenance.write(out)  # this stage's record, not the one copied from an input checkpoint
     method = spec["merge_method"]
     run.log_metrics({"checkpoints_merged": len(spec["models"])})
     run.log_model(out, "merged", params={"method": method, "checkpoints": ",".join(Path(m["model"]).name

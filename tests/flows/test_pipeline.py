@@ -92,6 +92,16 @@ def test_flow_runs_every_stage_and_leaves_dvc_clean(finished_project, tmp_path):
                 "models/agent_rl/step-00002/model.safetensors", "models/agent_rl/merged-teacher/model.safetensors",
                 "models/tool_sft/model.safetensors", "models/tool_rl/step-00002/model.safetensors"):
         assert (proj / rel).exists(), rel
+    # every checkpoint and the discriminator say what made them (protege.json)
+    for rel, stage, key in (("models/sft", "sft", "sft"), ("models/rl/step-00002", "rl", "rl"),
+                            ("models/merged", "merge", "merge"), ("models/discriminator", "disc_pretrain",
+                                                                 "disc_pretrain"),
+                            ("models/agent_rl/merged-teacher", "agent_rl", "agent")):
+        record = json.loads((proj / rel / "protege.json").read_text())
+        assert record["stage"] == stage and key in record["params"] and record["code"]["protege"], rel
+    lock = yaml.safe_load((proj / "dvc.lock").read_text())["stages"]
+    rl_inputs = json.loads((proj / "models/rl/step-00002/protege.json").read_text())["inputs"]
+    assert rl_inputs["models/sft"] == next(o["md5"] for o in lock["sft"]["outs"] if o["path"] == "models/sft")
     agent = json.loads((proj / "reports/agent/summary.json").read_text())
     for point in ("start", "end", "merged_teacher"):
         assert agent[point]["episodes"] == 4 and 0 <= agent[point]["success_rate"] <= 1, point

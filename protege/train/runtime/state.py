@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
+from protege import provenance
 from protege.train.runtime.distributed import world
 
 CPU = torch.device("cpu")
@@ -159,6 +160,7 @@ def save_state(folder: Path, *, step: int, parts: dict[str, Part], py_rng: rando
                 (tmp / f"{stem}.json").write_text(json.dumps(extras))
     barrier()  # every rank's files are in tmp
     if rank == 0:
+        provenance.write(tmp)  # the stage's record of what made this state
         # state.json last, once every file is there: a folder holding it is a complete state
         version, internal, gauss = py_rng.getstate()  # the same on every rank: all draw the whole step
         (tmp / "state.json.part").write_text(json.dumps({"step": step, "cursor": cursor, "fingerprint": fingerprint,
