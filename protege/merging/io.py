@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from protege import provenance
+
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".h5", ".msgpack", ".gguf")
@@ -140,9 +142,11 @@ class Checkpoint:
 
 
 def non_weight_files(folder: Path) -> list[Path]:
-    """Top-level files of a checkpoint folder that are not weights (config.json, tokenizer, processor, ...)."""
+    """Top-level files of a checkpoint folder that are not weights (config.json, tokenizer, processor, ...); an
+    input's protege.json says what made that input, not the merge, so it stays behind."""
     return sorted(p for p in folder.iterdir()
-                  if p.is_file() and not p.name.endswith(WEIGHT_SUFFIXES) and p.name not in WEIGHT_INDEXES)
+                  if p.is_file() and not p.name.endswith(WEIGHT_SUFFIXES) and p.name not in WEIGHT_INDEXES
+                  and p.name != provenance.FILE)
 
 
 def parse_size(text: str | int) -> int:

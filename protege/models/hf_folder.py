@@ -18,6 +18,7 @@ import json
 import shutil
 from pathlib import Path
 
+from protege import provenance
 from protege.errors import UserFacingError
 
 # what a checkpoint folder holds besides its processor files
@@ -226,7 +227,7 @@ def processor_files(path: Path) -> list[Path]:
     out = []
     for p in sorted(Path(path).iterdir()):
         if p.is_file() and not p.name.endswith(WEIGHT_SUFFIXES) and p.name not in MODEL_FILES \
-                and not p.name.startswith("."):
+                and p.name != provenance.FILE and not p.name.startswith("."):
             out.append(p)
     return out
 

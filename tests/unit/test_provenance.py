@@ -45,3 +45,19 @@ def test_the_stage_record_resolves_the_params_the_stage_reads(tmp_path):
     # dvc.yaml's data deps that exist here (the curated folder; the SFT model and the others are absent)
     assert list(record["inputs"]) == ["data/curated"] and len(record["inputs"]["data/curated"]) == 32
     assert record["code"]["protege"] and record["code"]["git_commit"] is None  # no git repository here
+
+
+def test_a_copied_or_merged_folder_does_not_inherit_its_inputs_record(tiny_student, tiny_processor, tmp_path):
+    from protege.merging.config import parse_config
+    from protege.merging.streaming import merge_folders
+    from protege.models.hf_folder import copy_processor_files
+
+    provenance.set_current({"stage": "rl"})
+    save_student(tiny_student, tiny_processor, tmp_path / "a")
+    provenance.set_current(None)
+    copy_processor_files(tmp_path / "a", tmp_path / "copy")
+    assert (tmp_path / "copy" / "tokenizer.json").exists() and provenance.read(tmp_path / "copy") is None
+    merge_folders(parse_config({"merge_method": "linear", "models": [{"model": str(tmp_path / "a"),
+                                                                      "parameters": {"weight": 1.0}}]}, source="t"),
+                  tmp_path / "merged", overwrite=True)
+    assert provenance.read(tmp_path / "merged") is None
