@@ -20,12 +20,11 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_HOME", str(Path(".prefect").resolve()))
 
 from prefect import flow  # noqa: E402
-from prefect.futures import wait  # noqa: E402
 
 import protege  # noqa: E402,F401  (offline settings)
 from protege import stage_host  # noqa: E402
 from protege.config import load_config  # noqa: E402
-from protege.pipeline import set_jobs, stage_upstream  # noqa: E402
+from protege.pipeline import run_dag, stage_upstream  # noqa: E402
 from protege.stages import STAGES  # noqa: E402
 from protege.workspace import workspace_lock  # noqa: E402
 from tasks.stages import (  # noqa: E402
@@ -52,16 +51,8 @@ def run_stages(project_dir: str, stages, parent: str, dispatch: str) -> dict[str
                 outputs[stage] = stage_task(stage)(project_dir, stage, parent)
             return outputs
         # every stage starts once the stages writing its deps are done, at most `jobs` at a time
-        set_jobs(jobs)
-        upstream = stage_upstream(project_dir, stages)
-        futures = {}
-        for i, stage in enumerate(stages):
-            futures[stage] = parallel_stage_task(stage).submit(project_dir, stage, parent, i,
-                                                               wait_for=[futures[u] for u in upstream[stage]])
-        wait(list(futures.values()))  # a failed branch stops its own stages; the others finish first
-        for stage, future in futures.items():
-            outputs[stage] = future.result()
-    return outputs
+        return run_dag(stage_upstream(project_dir, stages),
+                       lambda stage: parallel_stage_task(stage)(project_dir, stage, parent), jobs)
 
 
 @flow(name="protege-pipeline", log_prints=True)

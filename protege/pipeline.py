@@ -12,14 +12,15 @@ the same files either way; only the time differs.
 from __future__ import annotations
 
 import collections
-import contextlib
-import heapq
+import concurrent.futures
+import contextvars
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -77,41 +78,49 @@ def repro_stage(project_dir: str | Path, stage: str, parent_run_id: str | None =
     return stage_outs(project_dir, stage)
 
 
-class Slots:
-    """At most n stages at once; a freed slot goes to the waiting stage earliest in dvc.yaml's order (the
-    question chain, the longest, before the games)."""
-
-    def __init__(self, n: int):
-        self.free, self.waiting, self.cv = n, [], threading.Condition()
-
-    @contextlib.contextmanager
-    def slot(self, priority: int):
-        with self.cv:
-            heapq.heappush(self.waiting, priority)
-            self.cv.wait_for(lambda: self.free > 0 and self.waiting[0] == priority)
-            heapq.heappop(self.waiting)
-            self.free -= 1
-            self.cv.notify_all()
-        try:
-            yield
-        finally:
-            with self.cv:
-                self.free += 1
-                self.cv.notify_all()
+def descendants(upstream: dict[str, list[str]]) -> dict[str, set[str]]:
+    """For each stage, every stage that (transitively) waits for it."""
+    below: dict[str, set[str]] = {s: set() for s in upstream}
+    for stage in reversed(list(upstream)):  # dvc.yaml order is topological: later stages are done first
+        for up in upstream[stage]:
+            below[up] |= {stage} | below[stage]
+    return below
 
 
-_SLOTS = Slots(1)
-
-
-def set_jobs(n: int) -> None:
-    """How many stages `run_stage_in_slot` runs at once in this process."""
-    global _SLOTS
-    _SLOTS = Slots(n)
-
-
-def run_stage_in_slot(project_dir: str | Path, stage: str, parent_run_id: str | None, priority: int) -> list[str]:
-    with _SLOTS.slot(priority):
-        return run_stage_beside_others(project_dir, stage, parent_run_id)
+def run_dag(upstream: dict[str, list[str]], run_one: Callable[[str], object], jobs: int) -> dict[str, object]:
+    """run_one(stage) for every stage of `upstream` (in dvc.yaml's order) once the stages it waits for are done,
+    at most `jobs` at once. A free slot goes to the ready stage with the most stages waiting below it (the
+    question chain before the games; ties in dvc.yaml's order), decided here rather than by whichever thread
+    asks first. A failed stage's downstream stages never start, the others run to the end; then the first
+    failure in dvc.yaml's order is raised. Each call runs in a copy of the caller's context (so an
+    orchestrator's run context reaches it)."""
+    order = list(upstream)
+    below = descendants(upstream)
+    done: dict[str, object] = {}
+    failed: dict[str, BaseException] = {}
+    running: dict[concurrent.futures.Future, str] = {}
+    blocked: set[str] = set()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        while True:
+            ready = [s for s in order if s not in done and s not in failed and s not in blocked
+                     and s not in running.values() and all(u in done for u in upstream[s])]
+            ready.sort(key=lambda s: (-len(below[s]), order.index(s)))
+            while ready and len(running) < jobs:
+                stage = ready.pop(0)
+                running[pool.submit(contextvars.copy_context().run, run_one, stage)] = stage
+            if not running:
+                break
+            finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                stage = running.pop(future)
+                if future.exception() is not None:
+                    failed[stage] = future.exception()
+                    blocked |= below[stage]
+                else:
+                    done[stage] = future.result()
+    if failed:
+        raise failed[min(failed, key=order.index)]
+    return done
 
 
 _DVC = threading.Lock()  # this process's DVC calls, one at a time (DVC's own lock is per workspace)

@@ -3,7 +3,7 @@ from prefect import task
 from prefect.deployments import run_deployment
 
 from protege.config import load_config
-from protege.pipeline import headline_metrics, repro_stage, run_stage_in_slot, stage_outs
+from protege.pipeline import headline_metrics, repro_stage, run_stage_beside_others, stage_outs
 from protege.tracking import end_parent_run, start_parent_run
 
 IO_STAGES = {"world", "teachers", "promote"}  # they touch files or services that can fail transiently
@@ -20,12 +20,12 @@ def stage_task(stage: str):
 
 
 @task(name="stage", task_run_name="{stage}")
-def run_stage_beside_others(project_dir: str, stage: str, parent_run_id: str, priority: int) -> list[str]:
-    return run_stage_in_slot(project_dir, stage, parent_run_id, priority)
+def run_stage_beside(project_dir: str, stage: str, parent_run_id: str) -> list[str]:
+    return run_stage_beside_others(project_dir, stage, parent_run_id)
 
 
 def parallel_stage_task(stage: str):
-    return run_stage_beside_others.with_options(retries=2 if stage in IO_STAGES else 0, retry_delay_seconds=2)
+    return run_stage_beside.with_options(retries=2 if stage in IO_STAGES else 0, retry_delay_seconds=2)
 
 
 @task(name="stage-on-pool", task_run_name="{stage}@{pool}")

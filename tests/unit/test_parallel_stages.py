@@ -1,8 +1,11 @@
 """Stages of independent branches at once: which stage waits for which, and the slots that bound them."""
+import contextvars
 import threading
 import time
 
-from protege.pipeline import Slots, stage_upstream
+import pytest
+
+from protege.pipeline import descendants, run_dag, stage_upstream
 from protege.stages import STAGES
 from tests.conftest import REPO
 
@@ -21,41 +24,56 @@ def test_upstream_stages_come_from_dvc_yaml():
     assert all(STAGES.index(u) < STAGES.index(s) for s in STAGES for u in up[s])
 
 
-def test_slots_bound_concurrency_and_serve_the_earliest_stage_first():
-    slots, inside = Slots(2), []
+UPSTREAM = {"world": [], "validate": ["world"], "agent_sft": ["world"], "tool_sft": ["world"],
+            "sft": ["validate"], "rl": ["sft"], "agent_rl": ["agent_sft"], "evaluate": ["rl"]}
+
+
+def test_descendants_are_transitive():
+    below = descendants(UPSTREAM)
+    assert below["world"] == set(UPSTREAM) - {"world"}
+    assert below["validate"] == {"sft", "rl", "evaluate"} and below["agent_sft"] == {"agent_rl"}
+    assert below["evaluate"] == set()
+
+
+def test_at_most_jobs_at_once_and_the_longest_chain_first():
     lock = threading.Lock()
-    gates = {p: threading.Event() for p in (10, 11, 9, 3, 7)}
+    started, live, peak = [], [0], [0]
 
-    def stage(priority):
-        with slots.slot(priority):
-            with lock:
-                inside.append(priority)
-            gates[priority].wait(10)
+    def run_one(stage):
+        with lock:
+            started.append(stage)
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        time.sleep(0.05)
+        with lock:
+            live[0] -= 1
+        return stage.upper()
 
-    def wait_until(cond):
-        deadline = time.monotonic() + 10
-        while not cond():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+    out = run_dag(UPSTREAM, run_one, jobs=2)
+    assert out == {s: s.upper() for s in UPSTREAM} and peak[0] == 2
+    assert started[0] == "world" and started[1] == "validate"  # 3 stages wait below it, 1 below agent_sft
+    assert started.index("sft") < started.index("tool_sft")  # the question chain keeps a slot
+    for stage, ups in UPSTREAM.items():
+        assert all(started.index(u) < started.index(stage) for u in ups)
 
-    threads = {p: threading.Thread(target=stage, args=(p,)) for p in gates}
-    for p in (10, 11):
-        threads[p].start()
-    wait_until(lambda: len(inside) == 2)
-    for p in (9, 3, 7):  # all three wait: both slots are taken
-        threads[p].start()
-    wait_until(lambda: len(slots.waiting) == 3)
-    gates[10].set()  # one slot frees: the earliest waiting stage (3) gets it
-    wait_until(lambda: len(inside) == 3)
-    assert inside[2] == 3
-    gates[11].set()
-    wait_until(lambda: len(inside) == 4)
-    time.sleep(0.2)  # 9 would be inside by now if a third stage could run
-    assert inside[3] == 7 and 9 not in inside
-    gates[3].set()
-    wait_until(lambda: len(inside) == 5)
-    for p in (7, 9):
-        gates[p].set()
-    for t in threads.values():
-        t.join(10)
-    assert inside[2:] == [3, 7, 9]
+
+def test_a_failed_stage_stops_its_branch_and_the_others_finish():
+    ran = []
+
+    def run_one(stage):
+        ran.append(stage)
+        if stage == "sft":
+            raise RuntimeError("sft broke")
+        return stage
+
+    with pytest.raises(RuntimeError, match="sft broke"):
+        run_dag(UPSTREAM, run_one, jobs=2)
+    assert "rl" not in ran and "evaluate" not in ran
+    assert {"agent_sft", "agent_rl", "tool_sft"} <= set(ran)
+
+
+def test_each_stage_sees_the_callers_context():
+    var = contextvars.ContextVar("flow_run", default=None)
+    var.set("run-1")
+    seen = run_dag({"a": [], "b": [], "c": ["a"]}, lambda stage: var.get(), jobs=2)
+    assert seen == {"a": "run-1", "b": "run-1", "c": "run-1"}
