@@ -37,6 +37,7 @@ from protege.rl.losses import merged_kl_penalty, policy_loss, thought_sft_loss
 from protege.rl.merged_teacher import MergedTeacher, teacher_copy, trainable_weights
 from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
+from protege.train.runtime.distributed import one_process
 from protege.train.runtime.placement import CPU, resolve_device, visiting
 from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fingerprint, read_state, recover_state,
                                          restore_state, save_state)
@@ -130,6 +131,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     state (merged teacher included) is saved every `save_every` steps and resumed from when it matches.
     `new_env` builds an environment (default: the configured game), any with reset(seed) / step(text)."""
     rl, gtr = cfg.rl, cfg.rl.gtr
+    one_process("agent and tool RL")
     rng = random.Random(seed)
     torch.manual_seed(seed)
     device = resolve_device(rl.device, "agent.rl.device")

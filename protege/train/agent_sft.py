@@ -18,6 +18,7 @@ from protege.rl.episodes import (Episode, add_observation, add_policy_turn, batc
                                  start_episode)
 from protege.rl.games import Game, expert_episodes
 from protege.rl.losses import thought_sft_loss
+from protege.train.runtime.distributed import one_process
 from protege.train.runtime.placement import resolve_device
 from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint, prepare_state, restore_state, save_state
 from protege.train.runtime.updaters import make_updater
@@ -59,6 +60,7 @@ def train_agent_sft(model, processor: StudentProcessor, cfg: Game, image_size: i
     With `state_dir` it saves its training state every `sft.save_every` steps and resumes from a state of
     this very run (bitwise the weights of an uninterrupted run); `stop_after` ends it early (tests)."""
     sft = cfg.sft
+    one_process("the agent and tool warm starts")
     episodes = [expert_as_episode(processor, turns, cfg.context)
                 for turns in expert_episodes(cfg, image_size, sft.episodes)]
     rng = random.Random(seed)

@@ -165,3 +165,15 @@ def test_warm_start_resumes_to_bitwise_the_same_weights(tiny_student, tiny_proce
     other = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"lr": 1e-2})})
     assert train_agent_sft(copy.deepcopy(tiny_student), tiny_processor, other, 64, seed=0,
                            state_dir=tmp_path / "state")["resumed_after_step"] == 0
+
+
+def test_a_multi_process_launch_is_refused_in_one_line(tiny_student, tiny_processor, tmp_path, monkeypatch):
+    from protege.errors import UserFacingError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(UserFacingError, match="agent and tool RL train in one process; this one was launched as "
+                                              "rank 1 of 2"):
+        run_agent_rl(tiny_student, tiny_processor, tiny_cfg(), 64, tmp_path, seed=0)
+    with pytest.raises(UserFacingError, match="the agent and tool warm starts train in one process"):
+        train_agent_sft(tiny_student, tiny_processor, tiny_cfg(), 64, seed=0)

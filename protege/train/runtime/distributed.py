@@ -9,10 +9,19 @@ import os
 
 import torch
 
+from protege.errors import UserFacingError
+
 
 def world() -> tuple[int, int]:
     """(rank, world size) of this process; (0, 1) when not launched distributed."""
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def one_process(what: str) -> None:
+    """Refuses a multi-process launch for a loop that trains in one process (each rank would repeat it)."""
+    if world()[1] > 1:
+        raise UserFacingError(f"{what} train in one process; this one was launched as rank {world()[0]} of "
+                              f"{world()[1]} (torchrun / deepspeed): launch it without them")
 
 
 def local_rank() -> int:
