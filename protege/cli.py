@@ -100,6 +100,8 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
             module.run(cfg, root, run)
     except (UserFacingError, FileNotFoundError, FloatingPointError) as exc:
         _fail(f"{name}: {_one_line(exc)}", code=1)
+    finally:
+        provenance.set_current(None)  # a stage run in-process (tests, the study) leaves no record behind
 
 
 def stage_record(name: str, cfg, root: Path) -> dict:

@@ -12,6 +12,7 @@ from tests.conftest import REPO
 
 @pytest.fixture(autouse=True)
 def no_stage():
+    provenance.set_current(None)
     yield
     provenance.set_current(None)
 
@@ -61,3 +62,16 @@ def test_a_copied_or_merged_folder_does_not_inherit_its_inputs_record(tiny_stude
                                                                       "parameters": {"weight": 1.0}}]}, source="t"),
                   tmp_path / "merged", overwrite=True)
     assert provenance.read(tmp_path / "merged") is None
+
+
+def test_a_stage_run_in_process_leaves_no_record_behind(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from protege.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    result = CliRunner().invoke(app, ["stage", "validate"])
+    assert result.exit_code == 1  # no world data here
+    assert provenance.current() is None
