@@ -111,6 +111,7 @@ def stage_record(name: str, cfg, root: Path) -> dict:
 
     from protege import __version__, tracking
     from protege.lineage import git_state
+    from protege.pipeline import entry_path
 
     values = cfg.model_dump(mode="json")
     spec = {}
@@ -123,7 +124,7 @@ def stage_record(name: str, cfg, root: Path) -> dict:
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         params[key] = node
-    deps = [str(next(iter(d)) if isinstance(d, dict) else d) for d in spec.get("deps", [])]
+    deps = [entry_path(d) for d in spec.get("deps", [])]
     inputs = {d: tracking.input_digest(root, d) for d in deps
               if not d.startswith("protege/") and (root / d).exists()}
     git = git_state(root)

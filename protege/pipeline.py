@@ -37,14 +37,11 @@ class StageFailed(RuntimeError):
 
 def stage_outs(project_dir: Path, stage: str) -> list[str]:
     spec = yaml.safe_load((Path(project_dir) / "dvc.yaml").read_text())["stages"][stage]
-    outs = []
-    for key in ("outs", "metrics"):
-        for o in spec.get(key, []):
-            outs.append(next(iter(o)) if isinstance(o, dict) else o)
-    return outs
+    return [entry_path(o) for key in ("outs", "metrics") for o in spec.get(key, [])]
 
 
-def _path(entry) -> str:
+def entry_path(entry) -> str:
+    """The path of a dvc.yaml deps/outs entry (a string, or a one-key mapping with its options)."""
     return str(next(iter(entry)) if isinstance(entry, dict) else entry)
 
 
@@ -56,8 +53,8 @@ def _overlaps(a: str, b: str) -> bool:
 def stage_upstream(project_dir: str | Path, stages) -> dict[str, list[str]]:
     """For each of `stages` (dvc.yaml's order), the stages among them that write one of its deps."""
     spec = yaml.safe_load((Path(project_dir) / "dvc.yaml").read_text())["stages"]
-    outs = {s: [_path(o) for key in ("outs", "metrics") for o in spec[s].get(key, [])] for s in stages}
-    return {s: [u for u in stages if u != s and any(_overlaps(_path(d), o) for d in spec[s].get("deps", [])
+    outs = {s: [entry_path(o) for key in ("outs", "metrics") for o in spec[s].get(key, [])] for s in stages}
+    return {s: [u for u in stages if u != s and any(_overlaps(entry_path(d), o) for d in spec[s].get("deps", [])
                                                     for o in outs[u])] for s in stages}
 
 
@@ -161,7 +158,7 @@ def run_stage_beside_others(project_dir: str | Path, stage: str, parent_run_id: 
         for o in spec.get(key, []):
             if isinstance(o, dict) and (next(iter(o.values())) or {}).get("persist"):
                 continue
-            target = project_dir / _path(o)
+            target = project_dir / entry_path(o)
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
             elif target.exists() or target.is_symlink():

@@ -82,23 +82,14 @@ def adapters_disabled(model: nn.Module):
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The full weights W + scale * B A under the base model's own names, computed beside the training model
     (which keeps its adapters unmerged, so training goes on bit for bit)."""
-    from peft.tuners.lora import LoraLayer
-
-    base = model.get_base_model()
-    deltas = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer):
-            delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
-            deltas[name] = delta
+    adapted = merged_adapted_weights(model)
     out = {}
-    for key, value in base.state_dict().items():
+    for key, value in model.get_base_model().state_dict().items():
         if ".lora_" in key:
             continue
         clean = key.replace(".base_layer.", ".")
-        module = key.rsplit(".", 2)[0] if ".base_layer." in key else None
-        if module is not None and key.endswith(".base_layer.weight") and module in deltas:
-            value = value + deltas[module].to(value.dtype)
-        out[clean] = value.detach().clone()
+        adapted_weight = key.endswith(".base_layer.weight") and clean in adapted
+        out[clean] = adapted[clean] if adapted_weight else value.detach().clone()
     return out
 
 
