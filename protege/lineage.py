@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from protege import tracking
+from protege.dvc_lockfile import read_dvc_lock
 from protege.errors import UserFacingError
 from protege.paths import TEACHER_CACHE
 
@@ -40,11 +41,12 @@ WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".gguf")
 def read_lock(root: Path) -> dict[str, dict]:
     """The stages of ROOT/dvc.lock; a one-line error when it is missing or has none."""
     path = Path(root) / "dvc.lock"
-    if not path.is_file():
+    text = read_dvc_lock(root)
+    if text is None:
         raise UserFacingError(f"{path} not found: lineage follows the DVC pipeline's lock (run `dvc repro` or "
                               "`protege pipeline` first, or pass --project)")
     try:
-        stages = (yaml.safe_load(path.read_text()) or {}).get("stages")
+        stages = (yaml.safe_load(text) or {}).get("stages")
     except yaml.YAMLError as exc:
         raise UserFacingError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(stages, dict) or not stages:

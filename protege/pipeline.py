@@ -19,12 +19,12 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
+from protege.dvc_lockfile import dvc_writing
 from protege.tracking import PARENT_ENV
 
 
@@ -120,11 +120,8 @@ def run_dag(upstream: dict[str, list[str]], run_one: Callable[[str], object], jo
     return done
 
 
-_DVC = threading.Lock()  # this process's DVC calls, one at a time (DVC's own lock is per workspace)
-
-
 def _dvc(project_dir: Path, *args: str) -> str:
-    with _DVC:
+    with dvc_writing(project_dir):
         proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project_dir, env=stage_env(None),
                               capture_output=True, text=True)
     if proc.returncode != 0:
@@ -205,8 +202,9 @@ def missing_dag_params(project_dir: str | Path, params_file: str = "params.yaml"
 def dvc_add(project_dir: str | Path, rel: str | Path) -> None:
     """`dvc add REL`: versions a folder no stage writes (the retraining pool, the exported champion)."""
     project_dir = Path(project_dir).resolve()
-    proc = subprocess.run([sys.executable, "-m", "dvc", "add", str(rel)], cwd=project_dir,
-                          env=stage_env(None), capture_output=True, text=True)
+    with dvc_writing(project_dir):
+        proc = subprocess.run([sys.executable, "-m", "dvc", "add", str(rel)], cwd=project_dir,
+                              env=stage_env(None), capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"dvc add {rel} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()}")
 

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from protege.dvc_lockfile import read_dvc_lock
 from protege.files import file_md5
 
 PARENT_ENV = "PROTEGE_PARENT_RUN_ID"
@@ -51,11 +52,11 @@ def _mlflow(project_dir: Path):
 
 def dvc_digest(project_dir: Path, path: str | Path) -> str | None:
     """The md5 DVC recorded for `path` as some stage's output, if any (None before the first lock)."""
-    lock = Path(project_dir) / "dvc.lock"
-    if not lock.exists():
+    text = read_dvc_lock(project_dir)
+    if text is None:
         return None
     rel = str(Path(path))
-    for stage in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
+    for stage in (yaml.safe_load(text) or {}).get("stages", {}).values():
         for out in stage.get("outs", []):
             if out.get("path") == rel:
                 return out.get("md5")
@@ -77,11 +78,11 @@ def input_digest(project_dir: Path, path: str | Path) -> str:
 def _manifest_md5(root: Path, path: Path) -> str | None:
     """The md5 DVC's directory manifest records for a file inside a folder output (None when the lock has
     no such folder, or its manifest is not in this project's cache, as before a `dvc pull`)."""
-    lock = root / "dvc.lock"
-    if not lock.exists():
+    text = read_dvc_lock(root)
+    if text is None:
         return None
     rel = path.as_posix()
-    for stage in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
+    for stage in (yaml.safe_load(text) or {}).get("stages", {}).values():
         for out in stage.get("outs", []):
             folder, md5 = out.get("path", ""), out.get("md5", "")
             if not (md5.endswith(".dir") and rel.startswith(folder.rstrip("/") + "/")):

@@ -9,7 +9,8 @@ from tests.conftest import REPO
 # longest matching prefix wins
 LAYERS = {
     "foundation": ["protege", "protege.config", "protege.paths", "protege.files", "protege.errors",
-                   "protege.stage_names", "protege.workspace", "protege.bench", "protege.provenance"],
+                   "protege.stage_names", "protege.workspace", "protege.bench", "protege.provenance",
+                   "protege.dvc_lockfile"],
     "models/data/world": ["protege.models", "protege.data", "protege.world", "protege.tools", "protege.merging",
                           "protege.rewards.judge", "protege.rewards.similarity", "protege.tracking"],
     "rollout/runtime": ["protege.generation", "protege.train.runtime", "protege.rl.episodes", "protege.rl.games",
