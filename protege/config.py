@@ -324,8 +324,13 @@ class DiscPretrainConfig(Section):
     trainable: Literal["all", "lora"] = "all"
 
 
+ADVANTAGE = r"^[a-z][a-z0-9_]*$"  # a module of protege/rl/estimators, checked against it when the stage starts
+
+
 class RLConfig(SamplingConfig):
     algorithm: Literal["dr_grpo", "grpo", "ril"] = "dr_grpo"
+    # the advantage estimator (protege/rl/estimators); null: the algorithm's own (ril: dr_grpo over its 2G group)
+    advantage: str | None = Field(None, pattern=ADVANTAGE)
     steps: int = Field(40, ge=1, le=10_000_000)
     questions_per_step: int = Field(8, ge=1, le=1_000_000)
     group_size: int = Field(4, ge=2, le=1024)
@@ -442,6 +447,7 @@ class GTPOConfig(Section):
 class AgentRLConfig(SamplingConfig):
     # grpo | dr_grpo: one advantage per episode on all its tokens; gtpo: one per turn, from discounted returns
     algorithm: Literal["grpo", "dr_grpo", "gtpo"] = "grpo"
+    advantage: str | None = Field(None, pattern=ADVANTAGE)  # the advantage estimator; null: the algorithm's own
     steps: int = Field(30, ge=1, le=10_000_000)
     seeds_per_step: int = Field(4, ge=1, le=1_000_000)   # layouts per step; each is played group_size times
     group_size: int = Field(4, ge=2, le=1024)

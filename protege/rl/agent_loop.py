@@ -27,12 +27,11 @@ from protege.models.lora import is_lora
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.paths import checkpoints
-from protege.rl.advantages import group_advantages
 from protege.rl.code_similarity import make_embedder
 from protege.rl.episodes import Episode, EpisodeBatch, batch_to, pack, pack_episodes, play, prompt_batch, sequence_logprobs
 from protege.rl.games import Game, env_factory, max_turns, sampling_for
-from protege.rl.gtpo import (add_final_turn_bonus, discounted_returns, similarity_shaping, token_advantages,
-                             turn_advantages)
+from protege.rl.estimators import Returns, estimator
+from protege.rl.gtpo import add_final_turn_bonus, similarity_shaping, token_advantages
 from protege.rl.losses import merged_kl_penalty, policy_loss, thought_sft_loss
 from protege.rl.merged_teacher import MergedTeacher, teacher_copy, trainable_weights
 from protege.rl.reference import reference
@@ -135,6 +134,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     rng = random.Random(seed)
     torch.manual_seed(seed)
     device = resolve_device(rl.device, "agent.rl.device")
+    advantage = estimator(rl)
     G = rl.group_size
     new_env = new_env or env_factory(cfg, image_size)
     gtpo = rl.gtpo if rl.algorithm == "gtpo" else None
@@ -193,23 +193,21 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             if gtr.guidance == "kl":
                 rewards = returns - gtr.kl_coef * penalty
 
-        # 4. advantages. grpo / dr_grpo: group-relative over the plays of a layout, on every token of the
-        # episode. gtpo: per turn, from discounted returns of per-turn rewards (+ similarity shaping)
-        if gtpo is None:
-            adv = group_advantages(rewards.view(-1, G), scale_by_std=rl.algorithm == "grpo").flatten()  # [E]
-            adv_tokens = adv.to(device)[owner].unsqueeze(1) * mask  # [N, T-1]
-        else:
-            r_turn, valid = turn_rewards(eps)  # [E, Tmax] each
+        # 4. per-turn rewards (gtpo: + the similarity bonus of failed episodes, and the KL penalty, on the last
+        # turn), then the estimator's advantage per (episode, turn), spread over that turn's tokens
+        r_turn, valid = turn_rewards(eps)  # [E, Tmax] each
+        if gtpo is not None:
             bonus = (similarity_shaping([episode_code(e) for e in eps], [e.success for e in eps], G,
                                         gtpo.shaping_alpha, embed) if embed is not None else torch.zeros(len(eps)))
             r_turn = add_final_turn_bonus(r_turn, valid, bonus)  # [E, Tmax]
-            if penalty is not None and gtr.guidance == "kl":
-                r_turn = add_final_turn_bonus(r_turn, valid, -gtr.kl_coef * penalty)
-            adv_turn = turn_advantages(discounted_returns(r_turn, valid, gtpo.gamma), valid, G, gtpo.scope)
-            adv_tokens = token_advantages(adv_turn.to(device), owner, batch.turn, mask)  # [N, T-1]
             failed = [not e.success for e in eps]
             metrics["shaping_reward_mean"] = float(bonus[torch.tensor(failed)].mean()) if any(failed) else 0.0
+        if penalty is not None and gtr.guidance == "kl":
+            r_turn = add_final_turn_bonus(r_turn, valid, -gtr.kl_coef * penalty)
+        if gtpo is not None:
             rewards = (r_turn * valid).sum(1)  # [E] what the episode was credited with
+        adv_turn = advantage(Returns(rewards, r_turn, valid, G), rl)  # [E, Tmax]
+        adv_tokens = token_advantages(adv_turn.to(device), owner, batch.turn, mask)  # [N, T-1]
 
         # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy); GTR-Turbo `sft`: CE on merged thoughts
         if rl.kl_beta > 0:

@@ -3,7 +3,7 @@
 Per step, per question: G student samples from pi_old; for `ril` also G cached teacher answers drawn
 across teachers, mu_d discriminator updates on the 2G, reward = w_sim * similarity + w_answer * judge;
 group-relative advantages; one clipped policy update with a k3 KL to pi_ref. Read top to bottom: this is
-the whole algorithm. The math lives in advantages.py and losses.py, the group layout in group.py.
+the whole algorithm. The math lives in estimators/ and losses.py, the group layout in group.py.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.rewards.judge import rule_judge
 from protege.rewards.similarity import similarity_reward
-from protege.rl.advantages import group_advantages
 from protege.paths import checkpoints
+from protege.rl.estimators import Returns, estimator
 from protege.rl.group import build_group
 from protege.rl.logprobs import completion_logprobs
 from protege.rl.losses import policy_loss
@@ -128,6 +128,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         raise UserFacingError(f"rl.questions_per_step ({cfg.questions_per_step}) must be at least the number of "
                               f"processes ({world_size})")
     device = resolve_device(cfg.device, "rl.device")
+    advantage = estimator(cfg)
     disc = inputs.discriminator if ril else None
     if ril and disc is None:
         raise UserFacingError("rl.algorithm 'ril' needs a pretrained discriminator (run disc_pretrain first)")
@@ -256,7 +257,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         else:
             answer = torch.tensor(inputs.judge([r.question for r in owners], [r.answer for r in owners], texts))
         rewards = (cfg.w_sim * sim + cfg.w_answer * answer) if ril else answer
-        adv = group_advantages(rewards.view(-1, per_q), scale_by_std=cfg.algorithm == "grpo").flatten()
+        adv = advantage(Returns.single_turn(rewards, per_q), cfg).flatten()  # [B]: one-turn episodes
 
         # 5. one policy update (mu = 1): pi_old equals pi_theta before this step, so its log-probs (student
         #    and teacher tokens alike) are the detached current ones and the ratio starts at exactly 1

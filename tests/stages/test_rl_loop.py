@@ -71,6 +71,20 @@ def test_ril_step_trains_policy_and_discriminator(tiny_student, tiny_processor, 
     assert m["answer_reward_teacher"] == 1.0  # the scripted answers here state the reference
 
 
+def test_an_estimator_is_chosen_by_name(tiny_student, tiny_processor, rows, tmp_path):
+    # RIL's group of 2G = 4 answers: RLOO's advantage is G'/(G'-1) = 4/3 times Dr.GRPO's on the same first step
+    stds = {}
+    for name in ("dr_grpo", "rloo"):
+        logs = []
+        run_rl(copy.deepcopy(tiny_student), copy.deepcopy(tiny_student), tiny_processor,
+               RLInputs(rows, teacher_answers(rows), disc_from(tiny_student)),
+               RLConfig(**{**BASE, "steps": 1}, algorithm="ril", advantage=name), tmp_path / name, seed=0,
+               on_log=lambda s, m: logs.append(m))
+        stds[name] = logs[0]["advantage_std"]
+    assert stds["dr_grpo"] > 0
+    assert stds["rloo"] == pytest.approx(stds["dr_grpo"] * 4 / 3, rel=1e-5)
+
+
 def test_fixed_discriminator_and_no_teachers_in_group(tiny_student, tiny_processor, rows, tmp_path):
     disc = disc_from(tiny_student)
     before = copy.deepcopy(disc.state_dict())

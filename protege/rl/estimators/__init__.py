@@ -1,0 +1,28 @@
+"""Advantage estimators, by the name `rl.advantage` / `agent.rl.advantage` / `tool.rl.advantage` selects.
+
+Adding one: a module here with `estimate(returns, cfg) -> [E, T]` (see base.py), and its name on the import
+line below. Nothing else changes: the loops, the config check and the docs read this registry.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+from protege.errors import UserFacingError
+from protege.rl.estimators import dr_grpo, grpo, gtpo, rloo  # the registry line: one module per estimator
+from protege.rl.estimators.base import Estimator, Returns
+
+# every module imported above that defines `estimate`, under its module name
+ESTIMATORS: dict[str, Estimator] = {name: m.estimate for name, m in sorted(globals().items())
+                                    if isinstance(m, ModuleType) and hasattr(m, "estimate")}
+
+__all__ = ["ESTIMATORS", "Returns", "estimator"]
+
+
+def estimator(cfg) -> Estimator:
+    """The estimator an RL config section names: its `advantage`, else its algorithm's own (RIL's is Dr.GRPO's,
+    over the 2G group of student and teacher answers)."""
+    name = cfg.advantage or ("dr_grpo" if cfg.algorithm == "ril" else cfg.algorithm)
+    if name not in ESTIMATORS:
+        raise UserFacingError(f"advantage {name!r}: no such estimator; known: {', '.join(sorted(ESTIMATORS))} "
+                              "(modules of protege/rl/estimators)")
+    return ESTIMATORS[name]

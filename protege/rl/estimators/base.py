@@ -1,0 +1,35 @@
+"""What an advantage estimator reads and returns.
+
+E episodes in groups of G consecutive rows (the G plays of one layout, or one question's G answers plus, for
+RIL, its G teacher answers: a group of 2G). A single-turn answer is a one-turn episode (T = 1). Guidance terms
+(GTR-Turbo's KL penalty, GTPO's similarity shaping) have already been added to the rewards.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Returns:
+    episode: torch.Tensor   # [E] what each episode is credited with: its return after guidance terms
+    turn: torch.Tensor      # [E, T] per-turn rewards after guidance terms, 0 past the episode's last turn
+    valid: torch.Tensor     # [E, T] bool, True on the episode's turns
+    group_size: int         # G: rows per group
+
+    @classmethod
+    def single_turn(cls, rewards: torch.Tensor, group_size: int) -> "Returns":
+        """One reward per answer ([E]) as one-turn episodes."""
+        return cls(rewards, rewards.unsqueeze(1), torch.ones(len(rewards), 1, dtype=torch.bool), group_size)
+
+
+# (returns, the loop's RL config section) -> [E, T] advantage per (episode, turn), 0 where not valid
+Estimator = Callable[[Returns, Any], torch.Tensor]
+
+
+def on_every_turn(adv: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """An episode-level advantage carried by each of the episode's turns. adv: [E]; valid: [E, T] -> [E, T]."""
+    return torch.where(valid, adv.unsqueeze(1), torch.zeros((), dtype=adv.dtype))

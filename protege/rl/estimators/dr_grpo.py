@@ -1,0 +1,12 @@
+"""Dr.GRPO: the episode's return minus its group's mean, not scaled by the std (RIL uses it over its 2G group)."""
+from __future__ import annotations
+
+import torch
+
+from protege.rl.advantages import group_advantages
+from protege.rl.estimators.base import Returns, on_every_turn
+
+
+def estimate(r: Returns, cfg) -> torch.Tensor:
+    adv = group_advantages(r.episode.view(-1, r.group_size), scale_by_std=False).flatten()  # [E]
+    return on_every_turn(adv, r.valid)  # [E, T]

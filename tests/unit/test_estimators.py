@@ -1,0 +1,56 @@
+"""Advantage estimators: hand-computed values, the registry, and a fourth estimator reached by name only."""
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from protege.config import AgentRLConfig, RLConfig
+from protege.errors import UserFacingError
+from protege.rl.estimators import ESTIMATORS, Returns, estimator
+
+
+def test_rloo_subtracts_the_mean_of_the_other_answers():
+    r = Returns.single_turn(torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0]), group_size=4)
+    adv = ESTIMATORS["rloo"](r, RLConfig()).flatten()
+    # group 1: 1 - (0+0+0)/3 = 1; 0 - (1+0+0)/3 = -1/3; group 2: all equal -> 0
+    assert torch.allclose(adv, torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0, 0.0]))
+
+
+def test_grpo_and_dr_grpo_carry_one_advantage_on_every_turn():
+    # two episodes of one group: returns 1 and 0 over 2 and 1 turns
+    r = Returns(torch.tensor([1.0, 0.0]), torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
+                torch.tensor([[True, True], [True, False]]), group_size=2)
+    dr = ESTIMATORS["dr_grpo"](r, AgentRLConfig())
+    assert dr.tolist() == [[0.5, 0.5], [-0.5, 0.0]]  # centred, 0 past the episode's end
+    g = ESTIMATORS["grpo"](r, AgentRLConfig())
+    s = math.sqrt(0.5) + 1e-4  # unbiased std of (1, 0), + eps
+    assert torch.allclose(g, torch.tensor([[0.5 / s, 0.5 / s], [-0.5 / s, 0.0]]))
+
+
+def test_gtpo_normalises_discounted_turn_returns():
+    cfg = AgentRLConfig(algorithm="gtpo", gtpo={"gamma": 0.5, "scope": "turn"})
+    r = Returns(torch.tensor([1.0, 0.0]), torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
+                torch.ones(2, 2, dtype=torch.bool), group_size=2)
+    adv = ESTIMATORS["gtpo"](r, cfg)
+    # returns-to-go: episode 1 (0.5, 1), episode 2 (0, 0); per turn index over the group: +-x/(std + eps)
+    a0, a1 = 0.25 / (math.sqrt(0.125) + 1e-4), 0.5 / (math.sqrt(0.5) + 1e-4)
+    assert torch.allclose(adv, torch.tensor([[a0, a1], [-a0, -a1]]))
+    with pytest.raises(UserFacingError, match="gtpo section"):
+        ESTIMATORS["gtpo"](r, RLConfig())
+
+
+def test_the_algorithm_picks_the_estimator_unless_advantage_names_one():
+    assert estimator(RLConfig(algorithm="ril")) is ESTIMATORS["dr_grpo"]  # RIL's group of 2G, Dr.GRPO's advantage
+    assert estimator(RLConfig(algorithm="grpo")) is ESTIMATORS["grpo"]
+    assert estimator(AgentRLConfig(algorithm="gtpo", advantage="rloo")) is ESTIMATORS["rloo"]
+    with pytest.raises(UserFacingError, match="'ppo': no such estimator; known: dr_grpo, grpo, gtpo, rloo"):
+        estimator(RLConfig(advantage="ppo"))
+    with pytest.raises(ValueError, match="advantage"):
+        RLConfig(advantage="../evil")
+
+
+def test_every_estimator_module_is_registered_under_its_file_name():
+    folder = Path(__import__("protege.rl.estimators", fromlist=["x"]).__file__).parent
+    modules = {p.stem for p in folder.glob("*.py")} - {"__init__", "base"}
+    assert modules == set(ESTIMATORS)
