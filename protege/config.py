@@ -131,6 +131,58 @@ def _allows_bool(annotation) -> bool:
     return any(_allows_bool(a) for a in get_args(annotation))
 
 
+# What a setting can change, declared once on the field (`Field(..., **affects(...))`); unmarked: RESULTS.
+# Resume fingerprints keep only RESULTS (`result_params`), dvc.yaml's params and the MLflow params leave out
+# NOTHING (`tracked_params`, `stage_deps`).
+RESULTS = "results"  # the trained weights (and what is measured on them)
+LENGTH = "length"    # how far a run goes: the LR is constant, so a longer run continues a finished shorter one
+OUTPUTS = "outputs"  # which files are written or measured around the same weights (save cadence, final eval)
+NOTHING = "nothing"  # speed, memory, logging, where stages run
+EFFECTS = (RESULTS, LENGTH, OUTPUTS, NOTHING)
+
+
+def affects(effect: str) -> dict:
+    assert effect in EFFECTS, effect
+    return {"json_schema_extra": {"affects": effect}}
+
+
+def effect_of(section: type[BaseModel], name: str) -> str:
+    extra = section.model_fields[name].json_schema_extra
+    return extra.get("affects", RESULTS) if isinstance(extra, dict) else RESULTS
+
+
+def _dump(section: BaseModel, keep: tuple[str, ...]) -> dict:
+    out = {}
+    for name in type(section).model_fields:
+        if effect_of(type(section), name) not in keep:
+            continue
+        value = getattr(section, name)
+        out[name] = _dump(value, keep) if isinstance(value, BaseModel) else section.model_dump(include={name})[name]
+    return out
+
+
+def result_params(section: BaseModel) -> dict:
+    """The section's settings that change the trained weights (a resume state's identity), sub-sections too."""
+    return _dump(section, (RESULTS,))
+
+
+def tracked_params(section: BaseModel) -> dict:
+    """The section's settings that change anything a stage writes (what DVC and MLflow record)."""
+    return _dump(section, (RESULTS, LENGTH, OUTPUTS))
+
+
+def untracked_keys(section: type[BaseModel], prefix: str = "") -> set[str]:
+    """Dotted names of the settings under `section` that change nothing a stage writes."""
+    out = set()
+    for name, field in section.model_fields.items():
+        ann = field.annotation
+        if effect_of(section, name) == NOTHING:
+            out.add(prefix + name)
+        elif isinstance(ann, type) and issubclass(ann, BaseModel):
+            out |= untracked_keys(ann, f"{prefix}{name}.")
+    return out
+
+
 class Section(BaseModel):
     # allow_inf_nan: an infinite or NaN number is never a setting
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -276,12 +328,13 @@ class SFTConfig(Section):
     weight_decay: float = Field(0.0, ge=0, le=100)
     schedule: Literal["constant", "cosine"] = "cosine"  # cosine: decays to 10% of lr by the last step
     warmup_steps: int = Field(0, ge=0, le=10_000_000)
-    log_every: int = Field(20, ge=1, le=10_000_000)
+    log_every: int = Field(20, ge=1, le=10_000_000, **affects(NOTHING))
     # the training runtime (protege/train/runtime), as for rl
     backend: Literal["torch", "deepspeed"] = "torch"  # deepspeed: ZeRO, and several processes under torchrun
     zero_stage: Literal[2, 3] = 2
     device: Literal["auto", "cpu", "cuda"] = "auto"    # auto: cuda when available
-    save_every: int = Field(100, ge=1, le=10_000_000)  # steps between training states (exact resume after a kill)
+    # steps between training states (exact resume after a kill)
+    save_every: int = Field(100, ge=1, le=10_000_000, **affects(OUTPUTS))
     # the checkpoint SFT starts from, a folder inside the project; dvc.yaml lists it as a dependency by
     # this value. Retraining sets it to models/champion (the registry's champion, exported and DVC-tracked).
     init: str = "models/base"
@@ -304,7 +357,8 @@ class SamplingConfig(Section):
     # who samples: the student itself (transformers), or a vLLM engine holding a copy of its weights (synced
     # after every RL update); vllm needs the `gpu` extra, and the VLM student a CUDA machine
     generation: Literal["transformers", "vllm"] = "transformers"
-    vllm_memory: float = Field(0.3, gt=0, lt=1)  # vllm on CUDA: GPU memory fraction for the engine (rest: training)
+    # vllm on CUDA: GPU memory fraction for the engine (rest: training)
+    vllm_memory: float = Field(0.3, gt=0, lt=1, **affects(NOTHING))
 
 
 class RolloutsConfig(SamplingConfig):
@@ -319,7 +373,7 @@ class DiscPretrainConfig(Section):
     backend: Literal["torch", "deepspeed"] = "torch"  # the training runtime, as sft's
     zero_stage: Literal[2, 3] = 2
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    save_every: int = Field(50, ge=1, le=10_000_000)
+    save_every: int = Field(50, ge=1, le=10_000_000, **affects(OUTPUTS))
     # lora: adapters on the backbone (model.lora) + the head; the saved discriminator holds merged weights
     trainable: Literal["all", "lora"] = "all"
 
@@ -331,7 +385,7 @@ class RLConfig(SamplingConfig):
     algorithm: Literal["dr_grpo", "grpo", "ril"] = "dr_grpo"
     # the advantage estimator (protege/rl/estimators); null: the algorithm's own (ril: dr_grpo over its 2G group)
     advantage: str | None = Field(None, pattern=ADVANTAGE)
-    steps: int = Field(40, ge=1, le=10_000_000)
+    steps: int = Field(40, ge=1, le=10_000_000, **affects(LENGTH))
     questions_per_step: int = Field(8, ge=1, le=1_000_000)
     group_size: int = Field(4, ge=2, le=1024)
     lr: float = Field(5e-5, gt=0, le=10)
@@ -340,7 +394,7 @@ class RLConfig(SamplingConfig):
     repetition_penalty: float = Field(1.05, gt=0, le=100)
     # lora: fresh adapters (model.lora) on the SFT weights; the KL reference is that model with adapters off
     trainable: Literal["attention+embeddings+head", "all", "attention", "lora"] = "attention+embeddings+head"
-    save_every: int = Field(10, ge=1, le=10_000_000)
+    save_every: int = Field(10, ge=1, le=10_000_000, **affects(OUTPUTS))
     # RIL (algorithm: ril) and its ablations
     w_sim: float = Field(1.0, ge=0, le=1000)               # weight of the discriminator similarity reward
     w_answer: float = Field(1.0, ge=0, le=1000)            # weight of the judge's correctness reward
@@ -357,12 +411,12 @@ class RLConfig(SamplingConfig):
     backend: Literal["torch", "deepspeed"] = "torch"     # deepspeed: ZeRO for the policy and discriminator updates
     zero_stage: Literal[2, 3] = 2
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
-    offload_idle: bool = True                     # reference model / discriminator on the device only while used
+    offload_idle: bool = Field(True, **affects(NOTHING))  # reference model / discriminator on the device only while used
     # learning curve: greedy accuracy on the world's val split at step 0, every eval_every steps and at the end
     eval_every: int = Field(10, ge=0, le=10_000_000)             # 0: no learning curve
     eval_items: int = Field(160, ge=1, le=10_000_000)  # val rows used (the first ones)
     # the rl_baseline stage: the same run (seed, steps, lr, group size, ...) with this algorithm; null: none
-    baseline: Literal["dr_grpo", "grpo", "ril"] | None = "dr_grpo"
+    baseline: Literal["dr_grpo", "grpo", "ril"] | None = Field("dr_grpo", **affects(OUTPUTS))
 
     @field_validator("baseline", mode="before")
     @classmethod
@@ -418,8 +472,9 @@ class AgentSFTConfig(Section):
     steps: int = Field(1200, ge=1, le=10_000_000)
     batch_size: int = Field(32, ge=1, le=1_000_000)   # rows: turns under context "current", else episodes
     lr: float = Field(2e-3, gt=0, le=10)
-    log_every: int = Field(25, ge=1, le=10_000_000)
-    save_every: int = Field(200, ge=1, le=10_000_000)  # steps between training states: a re-run resumes
+    log_every: int = Field(25, ge=1, le=10_000_000, **affects(NOTHING))
+    # steps between training states: a re-run resumes
+    save_every: int = Field(200, ge=1, le=10_000_000, **affects(OUTPUTS))
 
 
 class GTRConfig(Section):
@@ -448,7 +503,7 @@ class AgentRLConfig(SamplingConfig):
     # grpo | dr_grpo: one advantage per episode on all its tokens; gtpo: one per turn, from discounted returns
     algorithm: Literal["grpo", "dr_grpo", "gtpo"] = "grpo"
     advantage: str | None = Field(None, pattern=ADVANTAGE)  # the advantage estimator; null: the algorithm's own
-    steps: int = Field(30, ge=1, le=10_000_000)
+    steps: int = Field(30, ge=1, le=10_000_000, **affects(LENGTH))
     seeds_per_step: int = Field(4, ge=1, le=1_000_000)   # layouts per step; each is played group_size times
     group_size: int = Field(4, ge=2, le=1024)
     lr: float = Field(1e-4, gt=0, le=10)
@@ -456,7 +511,7 @@ class AgentRLConfig(SamplingConfig):
     kl_beta: float = Field(0.0, ge=0, le=1000)           # k3 KL to the SFT policy
     # lora: fresh adapters (model.lora); the merged teacher merges the adapted weights W + scale * B A
     trainable: Literal["attention+embeddings+head", "all", "attention", "lora"] = "all"
-    save_every: int = Field(10, ge=1, le=10_000_000)
+    save_every: int = Field(10, ge=1, le=10_000_000, **affects(OUTPUTS))
     max_new_tokens: int = Field(48, ge=1, le=1_000_000)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     gtr: GTRConfig = GTRConfig()
@@ -480,8 +535,8 @@ class AgentConfig(Section):
     grid: GridEnvConfig = GridEnvConfig()
     sft: AgentSFTConfig = AgentSFTConfig()
     rl: AgentRLConfig = AgentRLConfig()
-    eval_episodes: int = Field(200, ge=1, le=1_000_000)  # held-out seeds for the success rate
-    eval_batch: int = Field(64, ge=1, le=1_000_000)
+    eval_episodes: int = Field(200, ge=1, le=1_000_000, **affects(OUTPUTS))  # held-out seeds: the success rate
+    eval_batch: int = Field(64, ge=1, le=1_000_000, **affects(OUTPUTS))
 
 
 class ToolTaskConfig(Section):
@@ -521,8 +576,8 @@ class ToolConfig(Section):
     # next tool call: runtime errors in the warm start that RL can learn to avoid
     solver_slips: float = Field(0.5, ge=0, le=1)
     rl: AgentRLConfig = AgentRLConfig(algorithm="gtpo", max_new_tokens=64)  # the longest solver turn: 52 tokens
-    eval_episodes: int = Field(200, ge=1, le=1_000_000)  # held-out questions (eval seeds)
-    eval_batch: int = Field(64, ge=1, le=1_000_000)
+    eval_episodes: int = Field(200, ge=1, le=1_000_000, **affects(OUTPUTS))  # held-out questions (eval seeds)
+    eval_batch: int = Field(64, ge=1, le=1_000_000, **affects(OUTPUTS))
 
 
 class EvaluateConfig(Section):
@@ -565,11 +620,11 @@ class OrchestrationConfig(Section):
     served by the deployment `protege-stage/stage-<pool>` (prefect.yaml), which names the real work pool;
     `make serve` points every one at its single local process pool. Not a DVC param: it moves work, it
     does not change results."""
-    default_pool: str = Field("cpu", pattern=r"^[a-z0-9-]+$")
-    stage_pools: dict[str, str] = Field(default_factory=lambda: {s: "gpu" for s in GPU_STAGES})
+    default_pool: str = Field("cpu", pattern=r"^[a-z0-9-]+$", **affects(NOTHING))
+    stage_pools: dict[str, str] = Field(default_factory=lambda: {s: "gpu" for s in GPU_STAGES}, **affects(NOTHING))
     # inline runs (`protege pipeline`, `make demo`): stages of independent branches at once (the question
     # chain beside the agent and tool games); 1 runs them one by one (a single GPU one stage fills)
-    jobs: int = Field(2, ge=1, le=64)
+    jobs: int = Field(2, ge=1, le=64, **affects(NOTHING))
 
     @field_validator("stage_pools")
     @classmethod
@@ -588,7 +643,8 @@ class OrchestrationConfig(Section):
 
 class Config(Section):
     seed: int = 0
-    threads: int = Field(1, ge=0, le=4096)  # torch threads per stage process; 0: torch's default (all cores)
+    # torch threads per stage process; 0: torch's default (all cores)
+    threads: int = Field(1, ge=0, le=4096, **affects(NOTHING))
     world: WorldConfig = WorldConfig()
     model: ModelConfig = ModelConfig()
     curate: CurateConfig = CurateConfig()

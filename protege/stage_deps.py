@@ -6,8 +6,8 @@ Code: the stage module (`protege/stages/<name>.py`), what runs every stage (`pro
 `protege/tracking.py`, `protege/config.py`) and every protege module they import, at any depth, including
 imports inside functions. `protege/cli.py` is left out: its `stage` command only parses arguments and
 dispatches. Params: every `cfg.<section>.<key>` the stage module reads, and the functions it uses from
-other stage modules read (a section used whole, as in `c = cfg.rl`, means all of it). `threads` (torch's thread count) changes speed, not results,
-and is not a dependency.
+other stage modules read (a section used whole, as in `c = cfg.rl`, means all of it). A setting config.py
+marks as changing nothing a stage writes (`threads`, `orchestration.jobs`, ...) is not a dependency.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent
 ROOT_NAMES = ("cfg", "config")  # how stage code names the Config it is handed
 RUNNER = ("stages/__init__.py", "tracking.py", "config.py")
-NOT_RESULTS = {"threads"}
 
 
 def _module_file(name: str) -> Path | None:
@@ -128,14 +127,14 @@ def params_read(stage: str) -> set[str]:
 
     The stage module is read whole; from other stage modules only the functions it uses (and what they
     call), so importing a helper from `stages/rl.py` does not make a stage depend on all of `rl`."""
-    from protege.config import Config
+    from protege.config import Config, untracked_keys
 
     tree = _stage_tree(stage)
     reads = _reads_in(tree) if tree is not None else set()
     seen: set = set()
     for name, module in (_stage_imports(tree).items() if tree is not None else []):
         reads |= _function_reads(module, name, seen)
-    reads -= NOT_RESULTS
+    reads -= untracked_keys(Config)
     fields = Config.model_fields
     out = set()
     for r in reads:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from protege.config import result_params
 from protege.generation.transformers_backend import Sampling, complete
 from protege.models.lora import is_lora
 from protege.models.processor import StudentProcessor
@@ -46,10 +47,9 @@ from protege.world.envs import EVAL_SEED_OFFSET, action_start, train_seed
 
 
 def agent_fingerprint(cfg: Game, seed: int, inputs_digest: str = "") -> str:
-    """Identifies the run a resume state belongs to. Raising rl.steps continues a finished run (constant LR);
-    evaluation settings and placement change nothing."""
-    return fingerprint(cfg.model_dump(exclude={"eval_episodes": True, "eval_batch": True, "rl": {"steps", "device"}}),
-                       seed, inputs_digest)
+    """Identifies the run a resume state belongs to: the settings config.py marks as changing results. Raising
+    rl.steps continues a finished run (constant LR); the final evaluation and the save cadence do not count."""
+    return fingerprint(result_params(cfg), seed, inputs_digest)
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from protege.config import RLConfig
+from protege.config import RLConfig, result_params
 from protege.data.rows import Row
 from protege.errors import UserFacingError
 from protege.generation.transformers_backend import Sampling, complete
@@ -60,14 +60,13 @@ def fingerprint(cfg: RLConfig, seed: int, inputs_digest: str = "") -> str:
     """Identifies the run a resume state belongs to: a state from other params or other inputs (the
     caller's digest of the starting checkpoint and data) is never resumed.
 
-    The number of processes counts (each holds its own optimizer partition and RNG), and so do the learning
-    curve's settings (a finished run would otherwise keep a curve drawn under other ones); offload_idle and
-    the baseline's algorithm do not, since they never change this run's result, and neither does `steps`:
-    the learning rate is constant, so the first N steps of a longer run are the run of N steps, and raising
-    rl.steps continues a finished run (`resumable`).
+    The settings are those config.py marks as changing results (`result_params`): not `steps` (the learning
+    rate is constant, so raising rl.steps continues a finished run, `resumable`), nor placement or the save
+    cadence. The learning curve's settings count: a finished run would otherwise keep a curve drawn under
+    other ones. So does the number of processes (each holds its own optimizer partition and RNG).
     """
-    params = cfg.model_dump(exclude={"offload_idle", "baseline", "steps", "vllm_memory"})
-    blob = json.dumps([params, seed, world()[1]] + ([inputs_digest] if inputs_digest else []), sort_keys=True)
+    blob = json.dumps([result_params(cfg), seed, world()[1]] + ([inputs_digest] if inputs_digest else []),
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from protege.config import Config
+from protege.config import Config, tracked_params
 from protege.eval.agent import evaluate_agent
 
 from protege.rl.agent_loop import agent_fingerprint, run_agent_rl
@@ -43,9 +43,7 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
     """The whole recipe (the study runs it in its own folders): returns the summary with per-episode results."""
     layout = GAMES[game]
     a = layout.config(cfg)
-    mlrun.log_params({**a.rl.model_dump(exclude={"gtr", "gtpo"}),
-                    **{f"gtr.{k}": v for k, v in a.rl.gtr.model_dump().items()},
-                    **{f"gtpo.{k}": v for k, v in a.rl.gtpo.model_dump().items()}}, f"{game}.rl.")
+    mlrun.log_params(tracked_params(a.rl), f"{game}.rl.")  # gtr.* and gtpo.* flattened
     mlrun.log_input(layout.sft_model, context="init")
     digest = inputs_digest(root, [layout.sft_model])
     out = root / layout.rl_dir
@@ -69,7 +67,8 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
     saved = run_agent_rl(policy, processor, a, cfg.world.image_size, out, cfg.seed, on_log=log,
                          state_dir=out / STATE, inputs_digest=digest, on_state_saved=lambda step: drop_previous(out))
     drop_previous(out)
-    mlrun.log_model(saved[-1], f"{game}-rl-final", params=a.rl.model_dump(exclude={"gtr", "gtpo"}))
+    mlrun.log_model(saved[-1], f"{game}-rl-final", params={k: v for k, v in tracked_params(a.rl).items()
+                                                                      if k not in ("gtr", "gtpo")})
     end = _eval("end", policy, processor, cfg, mlrun, layout)
     summary = {"start": start, "end": end, "resumed_after_step": resumed, "checkpoints": len(saved)}
     if (out / MERGED_TEACHER).exists():

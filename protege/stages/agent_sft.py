@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from protege.config import Config
+from protege.config import Config, tracked_params
 from protege.models.student import save_student
 from protege.paths import BASE_MODEL, TRAINING_STATES
 from protege.rl.games import is_tool
@@ -28,7 +28,7 @@ def run_game(cfg: Config, game_cfg, root: Path, mlrun) -> None:
     layout = GAMES[game]
     g, name = layout.config(cfg), layout.sft_stage
     env_params = g.task.model_dump() if is_tool(g) else g.grid.model_dump()
-    mlrun.log_params({"env": g.env, **env_params, **g.sft.model_dump()}, f"{layout.section}.")
+    mlrun.log_params({"env": g.env, **env_params, **tracked_params(g.sft)}, f"{layout.section}.")
     start = base_model_dir(cfg, root)
     log_start_model(cfg, root, mlrun, start, "init")
     model, processor = load_model(cfg, start)

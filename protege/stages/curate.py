@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from protege.config import Config
+from protege.config import Config, tracked_params
 from protege.data.curate import (
     answer_logprobs,
     histogram,
@@ -32,7 +32,7 @@ from protege.stages.student_model import load_model
 
 def run(cfg: Config, root: Path, run) -> None:
     c = cfg.curate
-    run.log_params(c.model_dump(), "curate.")
+    run.log_params(tracked_params(c), "curate.")
     run.log_input(SPLIT_TABLES["rl"], context="pool")
     run.log_input(SFT_MODEL, context="scorer")
     model, processor = load_model(cfg, root / SFT_MODEL)

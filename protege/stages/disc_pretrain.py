@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from protege.config import Config
+from protege.config import Config, tracked_params
 from protege.data.rows import load_rows, read_parquet_table
 from protege.models.discriminator import Discriminator, load_discriminator
 from protege.models.processor import StudentProcessor
@@ -38,7 +38,7 @@ def run(cfg: Config, root: Path, run) -> None:
     lead = world()[0] == 0
     if not lead:
         run = QuietRun()
-    run.log_params(cfg.disc_pretrain.model_dump(), "disc_pretrain.")
+    run.log_params(tracked_params(cfg.disc_pretrain), "disc_pretrain.")
     for rel, ctx in ((ROLLOUTS, "student_answers"), (TEACHER_ANSWERS, "teacher_answers"), (SFT_MODEL, "init")):
         run.log_input(rel, context=ctx)
     rows = {r.id: r for r in load_rows(root / CURATED_RL)}

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from protege import provenance
-from protege.config import Config, ConfigError, read_yaml_file
+from protege.config import Config, ConfigError, read_yaml_file, tracked_params
 from protege.errors import UserFacingError
 from protege.merging.config import parse_config
 from protege.merging.methods import METHODS
@@ -52,7 +52,7 @@ def merge_spec(cfg: Config, root: Path, found: list[Path]) -> tuple[dict, str]:
 
 
 def run(cfg: Config, root: Path, run) -> None:
-    run.log_params(cfg.merge.model_dump(), "merge.")
+    run.log_params(tracked_params(cfg.merge), "merge.")
     run.log_input(RL_CHECKPOINTS, context="checkpoints")
     found = checkpoints(root / RL_CHECKPOINTS)
     if not found:

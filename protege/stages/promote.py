@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from protege import lineage, tracking
-from protege.config import Config
+from protege.config import Config, tracked_params
 from protege.paths import EVAL_JSON, PROMOTION
 from protege.stages.common import say
 
@@ -24,7 +24,7 @@ def decide(score: float, champion_score: float | None, margin: float, same_suite
 
 
 def run(cfg: Config, root: Path, run) -> None:
-    run.log_params(cfg.promote.model_dump(), "promote.")
+    run.log_params(tracked_params(cfg.promote), "promote.")
     report = json.loads((root / EVAL_JSON).read_text())
     candidate = report["models"][report["candidate"]]
     score = float(report["score"])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from protege.config import Config
+from protege.config import Config, tracked_params
 from protege.data.rows import Row, load_rows, read_parquet_table
 from protege.eval.accuracy import evaluate_rows
 from protege.models.discriminator import load_discriminator
@@ -119,7 +119,7 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     state), its learning curve into `curve_rel`; logs to `run`, writes reports/stages/<stage>.json and
     returns that summary."""
     c = cfg.rl.model_copy(update={"algorithm": algorithm})
-    run.log_params(c.model_dump(), "rl.")
+    run.log_params(tracked_params(c), "rl.")
     ril = algorithm == "ril"
     for rel, ctx in ((CURATED_RL, "questions"), (SFT_MODEL, "init"), (TEACHER_ANSWERS, "teacher_answers"),
                      (DISCRIMINATOR, "discriminator")):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from protege.config import Config
+from protege.config import Config, tracked_params
 from protege.data.rows import load_rows
 from protege.generation.transformers_backend import Sampling, generate_answers
 
@@ -17,7 +17,7 @@ from protege.stages.student_model import load_model
 
 def run(cfg: Config, root: Path, run) -> None:
     c = cfg.rollouts
-    run.log_params(c.model_dump(), "rollouts.")
+    run.log_params(tracked_params(c), "rollouts.")
     run.log_input(CURATED_RL, context="questions")
     run.log_input(SFT_MODEL, context="student")
     torch.manual_seed(cfg.seed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from protege.config import Config
+from protege.config import Config, tracked_params
 from protege.data.rows import load_rows
 from protege.models.student import save_student
 from protege.paths import SFT_MODEL, SPLIT_TABLES, TRAINING_STATES
@@ -24,7 +24,7 @@ def run(cfg: Config, root: Path, run) -> None:
     lead = world()[0] == 0
     if not lead:
         run = QuietRun()
-    run.log_params(cfg.sft.model_dump(), "sft.")
+    run.log_params(tracked_params(cfg.sft), "sft.")
     run.log_input(SPLIT_TABLES["train"], context="train")
     start = init_dir(cfg, root)
     log_start_model(cfg, root, run, start, "init")

@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from protege.config import Config
+from protege.config import Config, tracked_params
 from protege.models.processor import StudentProcessor
 from protege.models.student import build_student, save_student
 from protege.models.tokenizer import train_tokenizer
@@ -21,8 +21,8 @@ from protege.world.teachers import all_templates
 
 
 def run(cfg: Config, root: Path, run) -> None:
-    run.log_params(cfg.world.model_dump(), "world.")
-    run.log_params(cfg.model.model_dump(), "model.")
+    run.log_params(tracked_params(cfg.world), "world.")
+    run.log_params(tracked_params(cfg.model), "model.")
     out = root / WORLD
     if out.exists():
         shutil.rmtree(out)

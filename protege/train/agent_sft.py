@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from protege.config import AgentConfig
+from protege.config import AgentConfig, result_params
 from protege.models.processor import StudentProcessor
 from protege.rl.episodes import (Episode, add_observation, add_policy_turn, batch_to, pack, sequence_logprobs,
                                  start_episode)
@@ -48,7 +48,7 @@ def sft_fingerprint(cfg: Game, image_size: int, seed: int, inputs_digest: str = 
     """What a warm start's result depends on: its own settings, the game that writes its episodes, the
     image size and the seed (logging and saving excluded)."""
     game = cfg.model_dump(include={"env", "context", "grid", "task", "solver_slips"})
-    return fingerprint({"sft": cfg.sft.model_dump(exclude={"log_every", "save_every"}), "game": game,
+    return fingerprint({"sft": result_params(cfg.sft), "game": game,
                         "image_size": image_size}, seed, inputs_digest)
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from protege.config import DiscPretrainConfig
+from protege.config import DiscPretrainConfig, result_params
 from protege.errors import UserFacingError
 from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
@@ -26,7 +26,6 @@ from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fing
                                          restore_state, save_state)
 from protege.train.runtime.updaters import make_updater
 
-NOT_RESULTS = {"save_every"}  # when states are saved never changes the weights
 
 
 @dataclass
@@ -96,7 +95,7 @@ def pretrain_discriminator(disc: Discriminator, processor: StudentProcessor, exa
                            key="disc_pretrain.backend", weight_decay=0.01, clip=0.0)
     disc.train()
     parts = {"discriminator": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
-    fp = fingerprint(cfg.model_dump(exclude=NOT_RESULTS), seed, inputs_digest)
+    fp = fingerprint(result_params(cfg), seed, inputs_digest)
     start = 1
     if state_dir is not None and (meta := prepare_state(state_dir, fp, rank, barrier)) is not None:
         restore_state(state_dir, meta, parts=parts, py_rng=rng, rank=rank)

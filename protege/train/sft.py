@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from protege.config import SFTConfig
+from protege.config import SFTConfig, result_params
 from protege.data.rows import Row
 from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
@@ -27,7 +27,6 @@ from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fing
 from protege.train.runtime.updaters import make_updater
 
 # settings that change when things are logged or saved, never the weights: a state survives changing them
-NOT_RESULTS = {"log_every", "save_every"}
 
 
 def answer_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -71,7 +70,7 @@ def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfi
                            key="sft.backend", weight_decay=cfg.weight_decay, lr_lambda=lambda i: lr_factor(i, cfg))
     model.train()
     parts = {"model": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
-    fp = fingerprint(cfg.model_dump(exclude=NOT_RESULTS), seed, inputs_digest)
+    fp = fingerprint(result_params(cfg), seed, inputs_digest)
     order: list[int] = []
     running: list[float] = []  # losses since the last progress line, so a resumed run logs the same means
     start = 1

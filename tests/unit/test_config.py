@@ -103,3 +103,57 @@ def test_yaml_merge_keys_still_work(tmp_path):
     p.write_text("sft:\n  <<: {lr: 0.01, steps: 5}\n  steps: 7\n")
     cfg = load_config(p)
     assert (cfg.sft.lr, cfg.sft.steps) == (0.01, 7)
+
+
+# --- which settings change results: declared once on the field, read by fingerprints, DVC and MLflow ---------
+
+def test_result_params_and_tracked_params_follow_the_field_marks():
+    from protege.config import AgentConfig, RLConfig, result_params, tracked_params
+
+    rl = RLConfig()
+    assert {"lr", "device", "eval_every", "eval_items", "advantage"} <= set(result_params(rl))
+    assert not {"steps", "save_every", "offload_idle", "vllm_memory", "baseline"} & set(result_params(rl))
+    assert {"steps", "save_every", "baseline"} <= set(tracked_params(rl))
+    assert not {"offload_idle", "vllm_memory"} & set(tracked_params(rl))
+    agent = result_params(AgentConfig())  # sub-sections are filtered too
+    assert "eval_episodes" not in agent and "steps" not in agent["rl"] and "gamma" in agent["rl"]["gtpo"]
+
+
+def test_untracked_keys_are_what_dvc_leaves_out():
+    from protege.config import untracked_keys
+    from protege.stage_deps import params_read
+
+    keys = untracked_keys(Config)
+    assert {"threads", "orchestration.jobs", "sft.log_every", "rl.offload_idle", "agent.rl.vllm_memory"} <= keys
+    assert "rl.steps" not in keys and "sft.save_every" not in keys
+    assert not any(k in keys for s in ("sft", "rl", "agent_rl", "tool_rl") for k in params_read(s))
+
+
+@pytest.mark.parametrize("loop", ["sft", "disc_pretrain", "agent_sft", "rl", "agent_rl"])
+def test_every_resume_fingerprint_ignores_cadence_and_placement_and_sees_the_lr(loop):
+    from protege.config import AgentConfig, DiscPretrainConfig, RLConfig, SFTConfig, result_params
+    from protege.rl.agent_loop import agent_fingerprint
+    from protege.rl.loop import fingerprint as rl_fingerprint
+    from protege.train.agent_sft import sft_fingerprint
+    from protege.train.runtime.state import fingerprint
+
+    def fp(**changes):
+        if loop == "sft":
+            return fingerprint(result_params(SFTConfig(**changes)), 0)
+        if loop == "disc_pretrain":
+            return fingerprint(result_params(DiscPretrainConfig(**changes)), 0)
+        if loop == "agent_sft":
+            return sft_fingerprint(AgentConfig(sft=changes), 64, 0)
+        if loop == "rl":
+            return rl_fingerprint(RLConfig(**changes), 0)
+        return agent_fingerprint(AgentConfig(rl=changes), 0)
+
+    same = {"save_every": 7}
+    if loop in ("sft", "agent_sft"):
+        same["log_every"] = 3
+    if loop == "rl":
+        same.update(offload_idle=False, vllm_memory=0.5, steps=99, baseline="grpo")
+    if loop == "agent_rl":
+        same.update(steps=99, vllm_memory=0.5)
+    assert fp(**same) == fp()
+    assert fp(lr=0.123) != fp()
