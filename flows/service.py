@@ -56,6 +56,8 @@ def service_env(project: Path, prefect_port: int, mlflow_port: int) -> dict[str,
         "PROTEGE_PROJECT_DIR": str(project),
         "PYTHONUNBUFFERED": "1",
     })
+    # the local worker asks its (local) server for runs every 2 s, not 10: each stage of a retrain is a flow run
+    env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "2")
     return env
 
 

@@ -143,11 +143,17 @@ def _stream(cmd, project_dir: Path, parent_run_id: str | None, stage: str, shell
         raise StageFailed(stage, proc.returncode, list(tail))
 
 
+def stage_changed(project_dir: str | Path, stage: str) -> bool:
+    """Whether DVC would run STAGE now (its deps, params or outputs differ from dvc.lock); its upstream stages
+    are taken as they are."""
+    return bool(json.loads(_dvc(Path(project_dir).resolve(), "status", "--json", stage) or "{}"))
+
+
 def run_stage_beside_others(project_dir: str | Path, stage: str, parent_run_id: str | None = None) -> list[str]:
     """`dvc repro --single-item STAGE` without holding DVC's workspace lock while the stage's command runs, so
     a stage of another branch can run meanwhile (see the module docstring)."""
     project_dir = Path(project_dir).resolve()
-    if not json.loads(_dvc(project_dir, "status", "--json", stage) or "{}"):
+    if not stage_changed(project_dir, stage):
         print(f"Stage '{stage}' didn't change, skipping", flush=True)
         return stage_outs(project_dir, stage)
     spec = yaml.safe_load((project_dir / "dvc.yaml").read_text())["stages"][stage]

@@ -3,7 +3,7 @@ from prefect import task
 from prefect.deployments import run_deployment
 
 from protege.config import load_config
-from protege.pipeline import headline_metrics, repro_stage, run_stage_beside_others, stage_outs
+from protege.pipeline import headline_metrics, repro_stage, run_stage_beside_others, stage_changed, stage_outs
 from protege.tracking import end_parent_run, start_parent_run
 
 IO_STAGES = {"world", "teachers", "promote"}  # they touch files or services that can fail transiently
@@ -30,8 +30,12 @@ def parallel_stage_task(stage: str):
 
 @task(name="stage-on-pool", task_run_name="{stage}@{pool}")
 def dispatch_stage(project_dir: str, stage: str, parent_run_id: str, pool: str) -> list[str]:
-    """The stage as a flow run of deployment protege-stage/stage-<pool>, i.e. on that pool's workers."""
-    run = run_deployment(f"{STAGE_FLOW}/stage-{pool}", timeout=None, as_subflow=True,
+    """The stage as a flow run of deployment protege-stage/stage-<pool>, i.e. on that pool's workers; a stage
+    DVC would skip is not dispatched (a pool's worker may be a GPU job that takes minutes to start)."""
+    if not stage_changed(project_dir, stage):
+        print(f"Stage '{stage}' didn't change, not dispatched", flush=True)
+        return stage_outs(project_dir, stage)
+    run = run_deployment(f"{STAGE_FLOW}/stage-{pool}", timeout=None, as_subflow=True, poll_interval=1,
                          parameters={"project_dir": project_dir, "stage": stage, "parent_run_id": parent_run_id})
     if not run.state.is_completed():
         raise RuntimeError(f"stage '{stage}' on pool '{pool}' ended {run.state.name}: {run.state.message or ''}")

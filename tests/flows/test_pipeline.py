@@ -272,7 +272,7 @@ def cached_outs(proj: Path) -> list[str]:
 
 def two_experiments_in_a_git_copy(proj: Path, tmp_path: Path) -> None:
     """`dvc exp run -S` needs a git repository: a copy of the finished project under git runs two
-    configurations of rl.lr, and `dvc exp show` lists both with their params and the stages' metrics."""
+    configurations of rl.lr (the rl stage), and `dvc exp show` lists both with their params and its metrics."""
     exp = tmp_path / "exp"
     shutil.copytree(proj, exp)
     config = exp / ".dvc" / "config"
@@ -283,7 +283,7 @@ def two_experiments_in_a_git_copy(proj: Path, tmp_path: Path) -> None:
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "finished tiny pipeline"]):
         subprocess.run(git + args, cwd=exp, check=True, capture_output=True)
     for name, lr in (("lr-low", "0.0005"), ("lr-high", "0.01")):
-        dvc(exp, "exp", "run", "-S", f"rl.lr={lr}", "-n", name)
+        dvc(exp, "exp", "run", "-S", f"rl.lr={lr}", "-n", name, "rl")  # rl only: what a sweep of rl.lr compares
     shown = json.loads(dvc(exp, "exp", "show", "--json"))
     revs = {r["name"]: r["data"] for c in shown for e in (c.get("experiments") or []) for r in e["revs"]}
     assert {"lr-low", "lr-high"} <= set(revs), list(revs)

@@ -154,6 +154,8 @@ def test_retrain_deployment_on_a_local_service(finished_project):
         stage_runs = api(base, "POST", "/flow_runs/filter",
                          {"flows": {"name": {"any_": ["protege-stage"]}}, "limit": 100})
         assert {r["name"] for r in stage_runs} >= {"sft", "rl", "evaluate", "promote"}
+        # a stage DVC calls up to date is not dispatched: the new data never reaches the game chains
+        assert not {r["name"] for r in stage_runs} & {"agent_sft", "agent_rl", "tool_sft", "tool_rl"}
 
         after = registry(proj, client_env)
         promotion = record["promotion"]
