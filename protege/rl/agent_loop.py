@@ -39,9 +39,8 @@ from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.train.runtime.distributed import one_process
 from protege.train.runtime.placement import CPU, resolve_device, visiting
-from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fingerprint, read_state, recover_state,
-                                         restore_state, save_state)
-from protege.train.runtime.run_folder import resumable
+from protege.train.runtime.run import Run, due
+from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
 from protege.train.runtime.updaters import make_updater
 from protege.world.envs import EVAL_SEED_OFFSET, action_start, train_seed
 
@@ -152,16 +151,11 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         parts["merged_teacher"] = merged
     sampling = sampling_for(cfg, do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
     L_max = rl.max_new_tokens * max_turns(cfg)  # Dr.GRPO's constant denominator: the longest possible episode
-    fp = agent_fingerprint(cfg, seed, inputs_digest)
-    start, saved = 1, []
-    if state_dir is not None:
-        recover_state(state_dir)
-        meta = read_state(state_dir)
-        if resumable(meta, fp, rl.steps):
-            restore_state(state_dir, meta, parts=parts, py_rng=rng)
-            start, saved = meta["step"] + 1, checkpoints(out_dir)
-            if merged is not None:
-                merged.load_into(teacher)
+    run = Run(state_dir, parts, rng, agent_fingerprint(cfg, seed, inputs_digest), rl.steps, on_saved=on_state_saved)
+    start, _ = run.resume()
+    saved = checkpoints(out_dir) if start > 1 else []
+    if start > 1 and merged is not None:
+        merged.load_into(teacher)
 
     step = start - 1
     for step in range(start, rl.steps + 1):
@@ -239,13 +233,10 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         seconds = time.perf_counter() - t0
 
         # 7. checkpoint and training state
-        if step % rl.save_every == 0 or step == rl.steps:
+        if due(step, rl.save_every, rl.steps):
             saved.append(checkpoint_dir(out_dir, step))
             save_student(policy, processor, saved[-1])
-            if state_dir is not None:
-                save_state(state_dir, step=step, parts=parts, py_rng=rng, cursor={}, fingerprint=fp)
-                if on_state_saved is not None:
-                    on_state_saved(step)
+            run.save(step, {})
         if on_log:
             n_tok = float(mask.sum())
             metrics.update(rollout_metrics(eps))

@@ -35,9 +35,8 @@ from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.train.runtime.distributed import barrier, world
 from protege.train.runtime.placement import CPU, resolve_device, to_device, visiting
-from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, read_state, recover_state,
-                                         restore_state, save_state)
-from protege.train.runtime.run_folder import resumable
+from protege.train.runtime.run import Run, due, next_rows
+from protege.train.runtime.state import OptimizerState, TorchRNG, Weights
 from protege.train.runtime.updaters import make_updater
 
 
@@ -176,16 +175,11 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     if not rows:
         raise UserFacingError("no questions to train on")
 
-    order: list[int] = []
-    start, saved = 1, []
-    fp = fingerprint(cfg, seed, inputs_digest)
-    if state_dir is not None and rank == 0:
-        recover_state(state_dir)
-    barrier()
-    if state_dir is not None and resumable(meta := read_state(state_dir), fp, cfg.steps):
-        restore_state(state_dir, meta, parts=parts, py_rng=rng, rank=rank)
-        order, start = meta["cursor"]["order"], meta["step"] + 1
-        saved = checkpoints(out_dir)
+    run = Run(state_dir, parts, rng, fingerprint(cfg, seed, inputs_digest), cfg.steps, rank=rank,
+              world_size=world_size, barrier=barrier, on_saved=on_state_saved)
+    start, cursor = run.resume()
+    order: list[int] = cursor.get("order", [])
+    saved = checkpoints(out_dir) if start > 1 else []
 
     # who samples: the policy itself, or a vLLM engine started from its current (possibly resumed) weights
     rollout = _rollout_engine(cfg, policy, processor, updater, seed, rank, world_size, start)
@@ -204,11 +198,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     for step in range(start, cfg.steps + 1):
         t0 = time.perf_counter()
         # 1. questions for this step (epoch-wise shuffle)
-        if len(order) < cfg.questions_per_step:
-            fresh = list(range(len(rows)))
-            rng.shuffle(fresh)
-            order += fresh
-        idx, order = order[:cfg.questions_per_step], order[cfg.questions_per_step:]
+        idx, order = next_rows(order, len(rows), cfg.questions_per_step, rng)
         batch_rows = [rows[i] for i in idx]
         # every rank draws for the whole step (same RNG use everywhere), then keeps its share of questions
         teacher_texts = [_teacher_draw(inputs.teacher_answers.get(r.id, []), cfg, G, rng) if ril else []
@@ -285,16 +275,12 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         seconds = time.perf_counter() - t0  # the step itself: the curve's evaluation and saves are not in it
         after_update(step)  # before the state save: a resumed run never misses a point
 
-        if step % cfg.save_every == 0 or step == cfg.steps:
+        if due(step, cfg.save_every, cfg.steps):
             saved.append(checkpoint_dir(out_dir, step))
             with updater.gathered():
                 if rank == 0:
                     save_student(policy, processor, saved[-1])
-            if state_dir is not None:  # collective under DeepSpeed
-                save_state(state_dir, step=step, parts=parts, py_rng=rng, cursor={"order": order}, fingerprint=fp,
-                           rank=rank, world_size=world_size, barrier=barrier)
-                if on_state_saved is not None and rank == 0:
-                    on_state_saved(step)
+            run.save(step, {"order": order})  # collective under DeepSpeed
         if on_log:
             mask = mask.cpu()
             n_tok = float(mask.sum())

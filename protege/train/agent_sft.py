@@ -20,7 +20,8 @@ from protege.rl.games import Game, expert_episodes
 from protege.rl.losses import thought_sft_loss
 from protege.train.runtime.distributed import one_process
 from protege.train.runtime.placement import resolve_device
-from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint, prepare_state, restore_state, save_state
+from protege.train.runtime.run import Run, due, next_rows
+from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
 from protege.train.runtime.updaters import make_updater
 from protege.world.envs import GridParams
 
@@ -70,29 +71,22 @@ def train_agent_sft(model, processor: StudentProcessor, cfg: Game, image_size: i
     updater = make_updater("torch", model, [p for p in model.parameters() if p.requires_grad], sft.lr, 2, device,
                            key="agent.sft")
     parts = {"model": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
-    fp = sft_fingerprint(cfg, image_size, seed, inputs_digest)
+    run = Run(state_dir, parts, rng, sft_fingerprint(cfg, image_size, seed, inputs_digest), sft.steps)
     rows = [row for e in episodes for row in e.rows()]  # a turn each under context "current", else an episode
-    order: list[int] = []
-    start, last = 1, {}
-    if state_dir is not None and (meta := prepare_state(state_dir, fp, 0, lambda: None)) is not None:
-        restore_state(state_dir, meta, parts=parts, py_rng=rng)
-        order, last, start = meta["cursor"]["order"], meta["cursor"]["last"], meta["step"] + 1
+    start, cursor = run.resume()
+    order: list[int] = cursor.get("order", [])
+    last: dict = cursor.get("last", {})
     t0 = time.perf_counter()
     for step in range(start, sft.steps + 1):
-        if len(order) < sft.batch_size:  # epoch-wise shuffle: every row once per epoch
-            fresh = list(range(len(rows)))
-            rng.shuffle(fresh)
-            order += fresh
-        idx, order = order[:sft.batch_size], order[sft.batch_size:]
+        idx, order = next_rows(order, len(rows), sft.batch_size, rng)
         batch = batch_to(pack(processor, [rows[i] for i in idx]), device)
         loss = thought_sft_loss(sequence_logprobs(model, batch), batch.loss_mask.float())  # CE on the solver's turns
         updater.update(loss)
         last = {"loss": float(loss.detach()), "seconds": time.perf_counter() - t0}
-        if on_log and (step % sft.log_every == 0 or step == sft.steps):
+        if on_log and due(step, sft.log_every, sft.steps):
             on_log(step, last)
-        if state_dir is not None and (step % sft.save_every == 0 or step == sft.steps):
-            save_state(state_dir, step=step, parts=parts, py_rng=rng, cursor={"order": order, "last": last},
-                       fingerprint=fp)
+        if due(step, sft.save_every, sft.steps):
+            run.save(step, {"order": order, "last": last})
         if stop_after is not None and step >= stop_after:
             break
     return {"episodes": len(episodes), "turns": sum(e.turns for e in episodes), "resumed_after_step": start - 1,

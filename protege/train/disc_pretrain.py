@@ -22,8 +22,8 @@ from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
 from protege.train.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
 from protege.train.runtime.placement import resolve_device, to_device
-from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fingerprint, prepare_state,
-                                         restore_state, save_state)
+from protege.train.runtime.run import Run, due
+from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
 from protege.train.runtime.updaters import make_updater
 
 
@@ -95,11 +95,9 @@ def pretrain_discriminator(disc: Discriminator, processor: StudentProcessor, exa
                            key="disc_pretrain.backend", weight_decay=0.01, clip=0.0)
     disc.train()
     parts = {"discriminator": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
-    fp = fingerprint(result_params(cfg), seed, inputs_digest)
-    start = 1
-    if state_dir is not None and (meta := prepare_state(state_dir, fp, rank, barrier)) is not None:
-        restore_state(state_dir, meta, parts=parts, py_rng=rng, rank=rank)
-        start = meta["step"] + 1
+    run = Run(state_dir, parts, rng, fingerprint(result_params(cfg), seed, inputs_digest), cfg.steps, rank=rank,
+              world_size=world_size, barrier=barrier)
+    start, _ = run.resume()
     log_every = max(1, cfg.steps // 10)
     t0 = time.perf_counter()
     for step in range(start, cfg.steps + 1):
@@ -113,13 +111,12 @@ def pretrain_discriminator(disc: Discriminator, processor: StudentProcessor, exa
         if not math.isfinite(step_loss):
             raise FloatingPointError(f"discriminator loss is {step_loss} at step {step}; lower disc_pretrain.lr")
         updater.update(loss)
-        if step % log_every == 0 or step == cfg.steps:  # every rank: the sum is collective
+        if due(step, log_every, cfg.steps):  # every rank: the sum is collective
             right = all_reduce_sum(((logits.detach() >= 0) == (target == 1)).float().sum())
             if on_log:
                 on_log(step, {"loss": step_loss, "train_batch_accuracy": float(right) / batch_size})
-        if state_dir is not None and (step % cfg.save_every == 0 or step == cfg.steps):
-            save_state(state_dir, step=step, parts=parts, py_rng=rng, cursor={}, fingerprint=fp, rank=rank,
-                       world_size=world_size, barrier=barrier)
+        if due(step, cfg.save_every, cfg.steps):
+            run.save(step, {})
         if stop_after is not None and step >= stop_after:
             return {"steps": step, "seconds": time.perf_counter() - t0, "resumed_after_step": start - 1}
     with updater.gathered():  # collective under ZeRO-3; every rank scores the same held-out answers

@@ -22,8 +22,8 @@ from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
 from protege.train.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
 from protege.train.runtime.placement import resolve_device, to_device
-from protege.train.runtime.state import (OptimizerState, TorchRNG, Weights, fingerprint, prepare_state,
-                                         restore_state, save_state)
+from protege.train.runtime.run import Run, due, next_rows
+from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
 from protege.train.runtime.updaters import make_updater
 
 # settings that change when things are logged or saved, never the weights: a state survives changing them
@@ -70,20 +70,14 @@ def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfi
                            key="sft.backend", weight_decay=cfg.weight_decay, lr_lambda=lambda i: lr_factor(i, cfg))
     model.train()
     parts = {"model": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
-    fp = fingerprint(result_params(cfg), seed, inputs_digest)
-    order: list[int] = []
-    running: list[float] = []  # losses since the last progress line, so a resumed run logs the same means
-    start = 1
-    if state_dir is not None and (meta := prepare_state(state_dir, fp, rank, barrier)) is not None:
-        restore_state(state_dir, meta, parts=parts, py_rng=rng, rank=rank)
-        order, running, start = meta["cursor"]["order"], meta["cursor"]["running"], meta["step"] + 1
+    run = Run(state_dir, parts, rng, fingerprint(result_params(cfg), seed, inputs_digest), cfg.steps, rank=rank,
+              world_size=world_size, barrier=barrier)
+    start, cursor = run.resume()
+    order: list[int] = cursor.get("order", [])
+    running: list[float] = cursor.get("running", [])  # losses since the last log line: a resumed run logs the same
     t0 = time.perf_counter()
     for step in range(start, cfg.steps + 1):
-        if len(order) < cfg.batch_size:  # reshuffle once per epoch
-            fresh = list(range(len(rows)))
-            rng.shuffle(fresh)
-            order += fresh
-        idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
+        idx, order = next_rows(order, len(rows), cfg.batch_size, rng)
         mine = idx[rank::world_size]  # every rank drew the same global batch
         batch = to_device(processor.encode_pairs([rows[i].question for i in mine], [rows[i].image for i in mine],
                                                  [rows[i].answer for i in mine]), device)
@@ -96,14 +90,13 @@ def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfi
         updater.backward(loss)
         grad_norm = updater.step()
         running.append(step_loss)
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if due(step, cfg.log_every, cfg.steps):
             if on_log:
                 on_log(step, {"loss": sum(running) / len(running), "grad_norm": grad_norm,
                               "seconds_per_step": (time.perf_counter() - t0) / (step - start + 1)})
             running = []
-        if state_dir is not None and (step % cfg.save_every == 0 or step == cfg.steps):
-            save_state(state_dir, step=step, parts=parts, py_rng=rng, cursor={"order": order, "running": running},
-                       fingerprint=fp, rank=rank, world_size=world_size, barrier=barrier)
+        if due(step, cfg.save_every, cfg.steps):
+            run.save(step, {"order": order, "running": running})
         if stop_after is not None and step >= stop_after:
             return {"steps": step, "seconds": time.perf_counter() - t0, "resumed_after_step": start - 1}
     if save_final is not None:

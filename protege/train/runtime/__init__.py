@@ -5,6 +5,8 @@
 - placement.py: the device a stage trains on (`auto | cpu | cuda`) and moving batches / idle models there.
 - updaters.py: plain torch or DeepSpeed ZeRO-2/3 updates, with separate `backward` (micro-batches) and
   `step`, gradient clipping and an optional per-step LR schedule that belongs to the updater.
+- run.py: the skeleton every trainer shares (resume, the epoch-wise data order, the save cadence), so sft,
+  agent_sft, disc_pretrain and both RL loops hold only their step bodies.
 - state.py: the training state of exact resume as named parts (weights, optimizer + LR schedule, RNG),
   written atomically without pickle; a re-run after a kill continues bitwise where the last state was.
 """
