@@ -8,8 +8,9 @@ carried by every token the policy wrote. gtpo: failed episodes get a bonus for c
 successful code, each turn's discounted return is normalised over the group (or batch), and each turn's
 tokens carry their turn's advantage. One clipped update, plus under `gtr.guidance: sft` a cross-entropy on
 the thoughts the merged teacher writes for observations of this step; then the updated weights join the
-merged teacher. Read top to bottom: this is the whole algorithm. The math lives in advantages.py, gtpo.py
-and losses.py, the episodes in episodes.py, the games in games.py, the merge in merged_teacher.py.
+merged teacher. Read top to bottom: this is the whole algorithm. The advantages live in estimators/, the
+guidance terms (GTPO's shaping, GTR-Turbo's merged teacher) in guidance/, the losses in losses.py, the
+episodes in episodes.py, the games in games.py.
 """
 from __future__ import annotations
 
@@ -17,32 +18,32 @@ import copy
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from protege.config import result_params
-from protege.generation.transformers_backend import Sampling, complete
 from protege.models.lora import is_lora
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.paths import checkpoints
-from protege.rl.code_similarity import make_embedder
-from protege.rl.episodes import Episode, EpisodeBatch, batch_to, pack, pack_episodes, play, prompt_batch, sequence_logprobs
-from protege.rl.games import Game, env_factory, max_turns, sampling_for
+from protege.rl.episodes import Episode, batch_to, pack_episodes, play, sequence_logprobs
 from protege.rl.estimators import Returns, estimator
-from protege.rl.gtpo import add_final_turn_bonus, similarity_shaping, token_advantages
-from protege.rl.losses import merged_kl_penalty, policy_loss, thought_sft_loss
-from protege.rl.merged_teacher import MergedTeacher, teacher_copy, trainable_weights
+from protege.rl.games import Game, env_factory, max_turns, sampling_for
+from protege.rl.gtpo import token_advantages
+from protege.rl.guidance.base import Guidance, Step
+from protege.rl.guidance.merged_teacher import MergedTeacherGuidance
+from protege.rl.guidance.shaping import SimilarityShaping
+from protege.rl.losses import policy_loss
+from protege.rl.merged_teacher import teacher_copy
 from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.train.runtime.distributed import one_process
-from protege.train.runtime.placement import CPU, resolve_device, visiting
+from protege.train.runtime.placement import CPU, resolve_device
 from protege.train.runtime.run import Run, due
 from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
 from protege.train.runtime.updaters import make_updater
-from protege.world.envs import EVAL_SEED_OFFSET, action_start, train_seed
+from protege.world.envs import EVAL_SEED_OFFSET, train_seed
 
 
 def agent_fingerprint(cfg: Game, seed: int, inputs_digest: str = "") -> str:
@@ -51,42 +52,20 @@ def agent_fingerprint(cfg: Game, seed: int, inputs_digest: str = "") -> str:
     return fingerprint(result_params(cfg), seed, inputs_digest)
 
 
+def guidance_terms(rl, teacher: torch.nn.Module | None, policy: torch.nn.Module, processor, sampling,
+                   rng: random.Random, device: torch.device) -> list[Guidance]:
+    """In the order they shape the rewards: GTPO's shaping first, then the merged teacher's KL penalty.
+    `teacher` is the starting policy's copy when rl.gtr.guidance is not none."""
+    terms: list[Guidance] = []
+    if rl.algorithm == "gtpo":
+        terms.append(SimilarityShaping(rl.gtpo.shaping_alpha, rl.gtpo.embedder))
+    if teacher is not None:
+        terms.append(MergedTeacherGuidance(teacher, policy, rl.gtr, processor, sampling, rng, device))
+    return terms
+
+
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
     return out_dir / f"step-{step:05d}"
-
-
-@dataclass
-class ThoughtBatch:
-    batch: EpisodeBatch
-    contexts: int          # observations the merged teacher answered
-    parsed: int            # of which with a parseable action (the others teach nothing)
-
-
-def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k: int, sampling: Sampling,
-                    rng: random.Random, device: torch.device) -> ThoughtBatch | None:
-    """GTR-Turbo `sft`: the merged teacher writes its own output for k observations of this step's episodes
-    (the same contexts the policy answered); the tokens before its action are the targets."""
-    turns = [(i, j) for i, e in enumerate(eps) for j in range(e.turns)]
-    picked = rng.sample(turns, min(k, len(turns)))
-    contexts = [eps[i].prefix(j) for i, j in picked]
-    batch = {key: v.to(device) for key, v in prompt_batch(processor, contexts).items()}
-    out = complete(teacher, processor, batch, [ims for _, ims in contexts], sampling)
-    tok = processor.tokenizer
-    rows, parsed = [], 0
-    for r, (ids, images) in enumerate(contexts):
-        gen = out.sequences[r, out.prompt_len:][out.completion_mask[r].bool()].tolist()
-        body = gen[:-1] if gen and gen[-1] in processor.stop_token_ids else gen
-        cut = action_start(tok.decode(body))
-        n_thought = 0
-        if cut is not None:
-            parsed += 1
-            while n_thought < len(body) and len(tok.decode(body[:n_thought + 1])) <= cut:
-                n_thought += 1
-        seq = ids + gen
-        rows.append((seq, [0] * len(ids) + [1] * n_thought + [0] * (len(gen) - n_thought), [0] * len(seq), images))
-    if not parsed:
-        return None
-    return ThoughtBatch(batch_to(pack(processor, rows), device), len(contexts), parsed)
 
 
 def turn_rewards(eps: list[Episode]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,11 +77,6 @@ def turn_rewards(eps: list[Episode]) -> tuple[torch.Tensor, torch.Tensor]:
         rewards[i, :len(e.rewards)] = torch.tensor(e.rewards)
         valid[i, :len(e.rewards)] = True
     return rewards, valid
-
-
-def episode_code(ep: Episode) -> str:
-    """Every code block the episode ran, in order (GTPO compares failed episodes' code to successful ones')."""
-    return "\n".join(i["code"] for i in ep.infos if i.get("code"))
 
 
 def rollout_metrics(eps: list[Episode]) -> dict[str, float]:
@@ -136,26 +110,23 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     advantage = estimator(rl)
     G = rl.group_size
     new_env = new_env or env_factory(cfg, image_size)
-    gtpo = rl.gtpo if rl.algorithm == "gtpo" else None
-    embed = make_embedder(gtpo.embedder) if gtpo is not None and gtpo.shaping_alpha > 0 else None
     # a LoRA policy's KL reference is itself with adapters disabled (no second copy)
     ref = copy.deepcopy(policy).eval().requires_grad_(False) if rl.kl_beta > 0 and not is_lora(policy) else None
     teacher = teacher_copy(policy) if gtr.guidance != "none" else None
     policy.to(device)
     params = select_trainable(policy, rl.trainable)
     updater = make_updater("torch", policy, params, rl.lr, 2, device, key="agent.rl")  # constant LR
-    merged = (MergedTeacher(trainable_weights(policy), gtr.merge, gtr.ema_alpha, gtr.ties_density)
-              if teacher is not None else None)
-    parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
-    if merged is not None:
-        parts["merged_teacher"] = merged
     sampling = sampling_for(cfg, do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
+    guidance = guidance_terms(rl, teacher, policy, processor, sampling, rng, device)
+    parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
+    for term in guidance:
+        parts.update(term.parts)
     L_max = rl.max_new_tokens * max_turns(cfg)  # Dr.GRPO's constant denominator: the longest possible episode
     run = Run(state_dir, parts, rng, agent_fingerprint(cfg, seed, inputs_digest), rl.steps, on_saved=on_state_saved)
     start, _ = run.resume()
     saved = checkpoints(out_dir) if start > 1 else []
-    if start > 1 and merged is not None:
-        merged.load_into(teacher)
+    for term in guidance if start > 1 else []:
+        term.resumed()
 
     step = start - 1
     for step in range(start, rl.steps + 1):
@@ -170,40 +141,24 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         rollout_s = time.perf_counter() - t_roll
         batch = batch_to(pack_episodes(processor, eps), device)
         mask = batch.loss_mask.float()  # [N, T-1] the policy's own tokens (N rows: episodes, or their turns)
-        owner = batch.owner  # [N] the episode of each row
         logp, entropy = sequence_logprobs(policy, batch, with_entropy=True)  # [N, T-1] each
 
-        # 3. rewards: the episode's return; GTR-Turbo `kl` subtracts the clamped KL to the merged teacher
-        returns = torch.tensor([e.total_reward for e in eps])  # [E]
+        # 3. rewards per turn and per episode; guidance terms shape them (GTPO's similarity bonus for failed
+        # episodes, GTR-Turbo `kl`'s clamped KL to the merged teacher, both on the last turn)
         metrics: dict[str, float] = {}
-        rewards = returns
-        penalty = None
-        if merged is not None:
-            with torch.no_grad(), visiting(teacher, device, device != CPU):
-                logp_m = sequence_logprobs(teacher, batch)
-            penalty = merged_kl_penalty(logp.detach(), logp_m, mask, gtr.kl_clamp, owner, len(eps)).cpu()  # [E]
-            metrics["kl_merged"] = float(((logp.detach() - logp_m) * mask).sum() / mask.sum().clamp(min=1))
-            metrics["kl_penalty"] = float(penalty.mean())
-            if gtr.guidance == "kl":
-                rewards = returns - gtr.kl_coef * penalty
-
-        # 4. per-turn rewards (gtpo: + the similarity bonus of failed episodes, and the KL penalty, on the last
-        # turn), then the estimator's advantage per (episode, turn), spread over that turn's tokens
+        seen = Step(policy, eps, batch, logp, mask, device, metrics)
+        returns = torch.tensor([e.total_reward for e in eps])  # [E]
         r_turn, valid = turn_rewards(eps)  # [E, Tmax] each
-        if gtpo is not None:
-            bonus = (similarity_shaping([episode_code(e) for e in eps], [e.success for e in eps], G,
-                                        gtpo.shaping_alpha, embed) if embed is not None else torch.zeros(len(eps)))
-            r_turn = add_final_turn_bonus(r_turn, valid, bonus)  # [E, Tmax]
-            failed = [not e.success for e in eps]
-            metrics["shaping_reward_mean"] = float(bonus[torch.tensor(failed)].mean()) if any(failed) else 0.0
-        if penalty is not None and gtr.guidance == "kl":
-            r_turn = add_final_turn_bonus(r_turn, valid, -gtr.kl_coef * penalty)
-        if gtpo is not None:
-            rewards = (r_turn * valid).sum(1)  # [E] what the episode was credited with
-        adv_turn = advantage(Returns(rewards, r_turn, valid, G), rl)  # [E, Tmax]
-        adv_tokens = token_advantages(adv_turn.to(device), owner, batch.turn, mask)  # [N, T-1]
+        rewards = Returns(r_turn, valid, G, total=returns)
+        for term in guidance:
+            rewards = term.shape(seen, rewards)
 
-        # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy); GTR-Turbo `sft`: CE on merged thoughts
+        # 4. the estimator's advantage per (episode, turn), spread over that turn's tokens
+        adv_turn = advantage(rewards, rl)  # [E, Tmax]
+        adv_tokens = token_advantages(adv_turn.to(device), batch.owner, batch.turn, mask)  # [N, T-1]
+
+        # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy), + guidance terms (GTR-Turbo `sft`: CE on
+        # the merged teacher's thoughts)
         if rl.kl_beta > 0:
             with torch.no_grad(), reference(policy, ref, device, device != CPU) as frozen:
                 logp_ref = sequence_logprobs(frozen, batch)
@@ -213,23 +168,18 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
                                   kl_beta=rl.kl_beta, max_len=L_max,
                                   # gtpo averages each sequence's tokens as grpo does
                                   aggregation="dr_grpo" if rl.algorithm == "dr_grpo" else "grpo")
-        if gtr.guidance == "sft":
-            with visiting(teacher, device, device != CPU):
-                thoughts = merged_thoughts(teacher, processor, eps, gtr.sft_contexts, sampling, rng, device)
-            if thoughts is not None:
-                sft = thought_sft_loss(sequence_logprobs(policy, thoughts.batch), thoughts.batch.loss_mask.float())
-                loss = loss + gtr.sft_coef * sft
-                metrics.update(sft_loss=float(sft.detach()), teacher_parse_rate=thoughts.parsed / thoughts.contexts)
+        for term in guidance:
+            extra = term.loss(seen)
+            if extra is not None:
+                loss = loss + extra
         if not torch.isfinite(loss):
             raise FloatingPointError(f"agent RL loss is {loss.item()} at step {step}; last good checkpoint: "
                                      f"{saved[-1] if saved else 'none (the starting model)'}")
 
-        # 6. update; the new weights join the merged teacher
+        # 6. update; guidance terms follow the new weights (the merged teacher merges them in)
         updater.update(loss)
-        if merged is not None:
-            merged.add(trainable_weights(policy))
-            merged.load_into(teacher)
-            metrics["merge_s"] = merged.seconds
+        for term in guidance:
+            term.after_update(policy, metrics)
         seconds = time.perf_counter() - t0
 
         # 7. checkpoint and training state
@@ -242,13 +192,14 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             metrics.update(rollout_metrics(eps))
             metrics.update({
                 "entropy": float((entropy.detach() * mask).sum() / max(n_tok, 1.0)),
-                "reward": float(rewards.mean()), "return": float(returns.mean()),
+                "reward": float(rewards.episode.mean()), "return": float(returns.mean()),
                 "loss": float(loss.detach()), "kl_ref": float(stats["kl"]),
                 "clip_fraction": float(stats["clip_fraction"]), "rollout_s": rollout_s, "step_s": seconds,
                 "tokens_per_episode": n_tok / len(eps)})
             on_log(step, metrics)
         if stop_after is not None and step >= stop_after:
             break
-    if merged is not None and step >= rl.steps:
-        save_student(teacher, processor, out_dir / "merged-teacher")
+    if step >= rl.steps:
+        for term in guidance:
+            term.finish(out_dir, processor)
     return saved

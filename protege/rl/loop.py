@@ -3,7 +3,8 @@
 Per step, per question: G student samples from pi_old; for `ril` also G cached teacher answers drawn
 across teachers, mu_d discriminator updates on the 2G, reward = w_sim * similarity + w_answer * judge;
 group-relative advantages; one clipped policy update with a k3 KL to pi_ref. Read top to bottom: this is
-the whole algorithm. The math lives in estimators/ and losses.py, the group layout in group.py.
+the whole algorithm. The advantages live in estimators/, RIL's discriminator reward in
+guidance/discriminator.py, the losses in losses.py, the group layout in group.py.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from protege.config import RLConfig, result_params
 from protege.data.rows import Row
@@ -25,16 +25,16 @@ from protege.generation.transformers_backend import Sampling, complete
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.rewards.judge import rule_judge
-from protege.rewards.similarity import similarity_reward
 from protege.paths import checkpoints
 from protege.rl.estimators import Returns, estimator
 from protege.rl.group import build_group
+from protege.rl.guidance.discriminator import DiscriminatorSimilarity, QuestionStep
 from protege.rl.logprobs import completion_logprobs
 from protege.rl.losses import policy_loss
 from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.train.runtime.distributed import barrier, world
-from protege.train.runtime.placement import CPU, resolve_device, to_device, visiting
+from protege.train.runtime.placement import CPU, resolve_device, to_device
 from protege.train.runtime.run import Run, due, next_rows
 from protege.train.runtime.state import OptimizerState, TorchRNG, Weights
 from protege.train.runtime.updaters import make_updater
@@ -81,16 +81,6 @@ def eval_due(step: int, cfg: RLConfig) -> bool:
     return cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps)
 
 
-def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], per_question: int,
-                device: torch.device):
-    qs = [r.question for r in rows for _ in range(per_question)]
-    ims = [r.image for r in rows for _ in range(per_question)]
-    batch = to_device(processor.encode_pairs(qs, ims, texts), device)
-    for key in ("mm_token_type_ids", "pixel_values", "image_grid_thw"):  # absent for text-only questions
-        batch.setdefault(key, None)
-    return batch
-
-
 def _rollout_engine(cfg: RLConfig, policy, processor: StudentProcessor, updater, seed: int, rank: int,
                     world_size: int, start: int):
     """The policy (transformers) or a vLLM engine serving a copy of its weights, one per process. A resumed run
@@ -127,30 +117,22 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                               f"processes ({world_size})")
     device = resolve_device(cfg.device, "rl.device")
     advantage = estimator(cfg)
-    disc = inputs.discriminator if ril else None
-    if ril and disc is None:
+    if ril and inputs.discriminator is None:
         raise UserFacingError("rl.algorithm 'ril' needs a pretrained discriminator (run disc_pretrain first)")
-    # the engine of a DeepSpeed discriminator owns its placement: it stays on the device
     offload_ref = cfg.offload_idle
-    offload_disc = cfg.offload_idle and cfg.backend == "torch"
     policy.to(device)
     if ref is None and cfg.trainable != "lora" and cfg.kl_beta > 0:
         raise ValueError("run_rl: rl.kl_beta > 0 needs a reference model unless rl.trainable is lora")
     if ref is not None:
         ref.to(CPU if offload_ref else device)
-    if disc is not None:
-        disc.to(CPU if offload_disc else device)
     params = select_trainable(policy, cfg.trainable)
     updater = make_updater(cfg.backend, policy, params, cfg.lr, cfg.zero_stage, device)  # constant LR, as in RIL
-    disc_updater = (make_updater(cfg.backend, disc, disc.trainable_parameters(), cfg.disc_lr, cfg.zero_stage, device)
-                    if disc is not None and cfg.discriminator == "updated" else None)
-    disc_host = disc_updater if disc_updater is not None else disc  # what moves when the discriminator visits
+    # guidance terms: RIL's discriminator similarity
+    guidance = [DiscriminatorSimilarity(inputs.discriminator, cfg, processor, device)] if ril else []
     # what exact resume brings back, by name (the file names of a state folder)
     parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
-    if disc is not None:
-        parts["discriminator"] = Weights(disc_updater if disc_updater is not None else disc)
-    if disc_updater is not None:  # absent when the discriminator is fixed
-        parts["disc_optimizer"] = OptimizerState(disc_updater)
+    for term in guidance:
+        parts.update(term.parts)
     if ref is not None:
         ref.eval().requires_grad_(False)
     sampling = Sampling(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
@@ -216,37 +198,22 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                                                teacher_texts if with_teachers else [[] for _ in batch_rows], processor, G)
         per_q = group.sequences.shape[0] // len(batch_rows)
 
-        # 3. RIL: mu_d discriminator updates on student (1) vs teacher (0) answers, then score the group
+        # 3. rewards: the judge's correctness; guidance terms shape them (RIL: mu_d discriminator updates on
+        #    student (1) vs teacher (0) answers, then reward = w_sim * similarity + w_answer * judge)
         metrics: dict[str, float] = {}
-        if ril:
-            d_texts = [t for b in range(len(batch_rows)) for t in student.texts[b * G:(b + 1) * G] + teacher_texts[b]]
-            d_batch = _disc_batch(processor, batch_rows, d_texts, 2 * G, device)
-            d_labels = torch.tensor(([1.0] * G + [0.0] * G) * len(batch_rows), device=device)
-            with visiting(disc_host, device, offload_disc):
-                if disc_updater is not None:
-                    for _ in range(cfg.disc_updates):
-                        disc_updater.update(F.binary_cross_entropy_with_logits(disc(**d_batch), d_labels))
-                with torch.no_grad():
-                    disc.eval()
-                    d_all = torch.sigmoid(disc(**d_batch)).cpu()  # [B * 2G]; rewards are assembled on the CPU
-                    disc.train()
-            d_labels = d_labels.cpu()
-            d_group = d_all if with_teachers else d_all.view(len(batch_rows), 2 * G)[:, :G].reshape(-1)
-            sim = similarity_reward(d_group, cfg.similarity)
-            metrics.update({"disc_accuracy": float(((d_all >= 0.5).float() == d_labels).float().mean()),
-                            "disc_score_student": float(d_all[d_labels == 1].mean()),
-                            "disc_score_teacher": float(d_all[d_labels == 0].mean())})
-        else:
-            sim = torch.zeros(group.sequences.shape[0])
-
-        # 4. rewards and group-relative advantages
         owners = [batch_rows[i // per_q] for i in range(len(texts))]
         if inputs.judge is None:
             answer = torch.tensor([rule_judge(r.answer, t, r.candidates) for r, t in zip(owners, texts)])
         else:
             answer = torch.tensor(inputs.judge([r.question for r in owners], [r.answer for r in owners], texts))
-        rewards = (cfg.w_sim * sim + cfg.w_answer * answer) if ril else answer
-        adv = advantage(Returns.single_turn(rewards, per_q), cfg).flatten()  # [B]: one-turn episodes
+        returns = Returns.single_turn(answer, per_q)
+        seen = QuestionStep(batch_rows, student.texts, teacher_texts, is_teacher, metrics)
+        for term in guidance:
+            returns = term.shape(seen, returns)
+        rewards = returns.episode  # [B]
+
+        # 4. group-relative advantages (a group: a question's G answers, + its G teacher answers for RIL)
+        adv = advantage(returns, cfg).flatten()  # [B]: one-turn episodes
 
         # 5. one policy update (mu = 1): pi_old equals pi_theta before this step, so its log-probs (student
         #    and teacher tokens alike) are the detached current ones and the ratio starts at exactly 1
@@ -295,11 +262,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                 "rollout_tokens_per_s": float(student.completion_mask.sum()) / rollout_s, "update_s": update_s,
                 "sync_s": sync_s,
                 "skipped_questions": float(skipped)})
-            if ril:
-                metrics["similarity_reward_student"] = sim[s_rows].mean().item()
-                if t_rows.any():
-                    metrics["similarity_reward_teacher"] = sim[t_rows].mean().item()
-                    metrics["answer_reward_teacher"] = answer[t_rows].mean().item()
+            if t_rows.any():
+                metrics["answer_reward_teacher"] = answer[t_rows].mean().item()
             on_log(step, metrics)
         if stop_after is not None and step >= stop_after:
             break

@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 
 from protege.config import AgentConfig
 from protege.generation.transformers_backend import Completions, completion_mask
-from protege.rl.agent_loop import merged_thoughts, run_agent_rl
+from protege.rl.agent_loop import run_agent_rl
+from protege.rl.guidance.merged_teacher import merged_thoughts
 from protege.rl.episodes import play
 from protege.generation.transformers_backend import Sampling
 from protege.train.agent_sft import expert_as_episode, grid_params, train_agent_sft

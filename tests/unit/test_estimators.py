@@ -19,8 +19,8 @@ def test_rloo_subtracts_the_mean_of_the_other_answers():
 
 def test_grpo_and_dr_grpo_carry_one_advantage_on_every_turn():
     # two episodes of one group: returns 1 and 0 over 2 and 1 turns
-    r = Returns(torch.tensor([1.0, 0.0]), torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
-                torch.tensor([[True, True], [True, False]]), group_size=2)
+    r = Returns(torch.tensor([[0.0, 1.0], [0.0, 0.0]]), torch.tensor([[True, True], [True, False]]), group_size=2)
+    assert r.episode.tolist() == [1.0, 0.0]  # no total given: the sum of the turn rewards
     dr = ESTIMATORS["dr_grpo"](r, AgentRLConfig())
     assert dr.tolist() == [[0.5, 0.5], [-0.5, 0.0]]  # centred, 0 past the episode's end
     g = ESTIMATORS["grpo"](r, AgentRLConfig())
@@ -30,8 +30,7 @@ def test_grpo_and_dr_grpo_carry_one_advantage_on_every_turn():
 
 def test_gtpo_normalises_discounted_turn_returns():
     cfg = AgentRLConfig(algorithm="gtpo", gtpo={"gamma": 0.5, "scope": "turn"})
-    r = Returns(torch.tensor([1.0, 0.0]), torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
-                torch.ones(2, 2, dtype=torch.bool), group_size=2)
+    r = Returns(torch.tensor([[0.0, 1.0], [0.0, 0.0]]), torch.ones(2, 2, dtype=torch.bool), group_size=2)
     adv = ESTIMATORS["gtpo"](r, cfg)
     # returns-to-go: episode 1 (0.5, 1), episode 2 (0, 0); per turn index over the group: +-x/(std + eps)
     a0, a1 = 0.25 / (math.sqrt(0.125) + 1e-4), 0.5 / (math.sqrt(0.5) + 1e-4)

@@ -15,15 +15,20 @@ import torch
 
 @dataclass(frozen=True)
 class Returns:
-    episode: torch.Tensor   # [E] what each episode is credited with: its return after guidance terms
     turn: torch.Tensor      # [E, T] per-turn rewards after guidance terms, 0 past the episode's last turn
     valid: torch.Tensor     # [E, T] bool, True on the episode's turns
     group_size: int         # G: rows per group
+    total: torch.Tensor | None = None  # [E] each episode's credited return; None: the sum of its turn rewards
+
+    @property
+    def episode(self) -> torch.Tensor:
+        """[E] what each episode is credited with."""
+        return self.total if self.total is not None else (self.turn * self.valid).sum(1)
 
     @classmethod
     def single_turn(cls, rewards: torch.Tensor, group_size: int) -> "Returns":
         """One reward per answer ([E]) as one-turn episodes."""
-        return cls(rewards, rewards.unsqueeze(1), torch.ones(len(rewards), 1, dtype=torch.bool), group_size)
+        return cls(rewards.unsqueeze(1), torch.ones(len(rewards), 1, dtype=torch.bool), group_size, rewards)
 
 
 # (returns, the loop's RL config section) -> [E, T] advantage per (episode, turn), 0 where not valid

@@ -1,0 +1,46 @@
+"""A guidance term steers an RL loop beside its own reward: GTR-Turbo's merged teacher (a KL penalty on the
+reward, or a cross-entropy on the teacher's thoughts), GTPO's similarity shaping of failed episodes. The loop
+calls every term at the same four points of a step, in the order they are listed; the defaults do nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from protege.rl.episodes import Episode, EpisodeBatch
+from protege.rl.estimators.base import Returns
+
+
+@dataclass
+class Step:
+    """What a guidance term sees of one step, after the rollout and the policy's forward."""
+    policy: torch.nn.Module
+    episodes: list[Episode]
+    batch: EpisodeBatch          # the episodes packed for training (N rows)
+    logp: torch.Tensor           # [N, T-1] the policy's log-probs of the batch (with grad)
+    mask: torch.Tensor           # [N, T-1] 1.0 on the policy's own tokens
+    device: torch.device
+    metrics: dict[str, float]    # the step's logged metrics; a term adds its own
+
+
+class Guidance:
+    parts: dict = {}  # what exact resume brings back, by file name (see train/runtime/state.py)
+
+    def resumed(self) -> None:
+        """After the loop restored `parts` from a saved state."""
+
+    def shape(self, step: Step, returns: Returns) -> Returns:
+        """The rewards, before the advantage estimator sees them."""
+        return returns
+
+    def loss(self, step: Step) -> torch.Tensor | None:
+        """A term added to the policy loss (None: nothing this step)."""
+        return None
+
+    def after_update(self, policy: torch.nn.Module, metrics: dict[str, float]) -> None:
+        """After the optimizer step."""
+
+    def finish(self, out_dir: Path, processor) -> None:
+        """After the last step of the run."""

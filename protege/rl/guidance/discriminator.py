@@ -1,0 +1,79 @@
+"""RIL's imitation reward as guidance for the question loop: each step the discriminator takes mu_d updates on
+the step's student answers (label 1) against its teacher answers (label 0), then scores the group with one
+forward; reward = w_sim * similarity(D) + w_answer * judge. With a fixed discriminator only the scoring runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from protege.data.rows import Row
+from protege.models.processor import StudentProcessor
+from protege.rewards.similarity import similarity_reward
+from protege.rl.estimators.base import Returns
+from protege.rl.guidance.base import Guidance
+from protege.train.runtime.placement import CPU, to_device, visiting
+from protege.train.runtime.state import OptimizerState, Weights
+from protege.train.runtime.updaters import make_updater
+
+
+@dataclass
+class QuestionStep:
+    """What a guidance term sees of one step of the question loop."""
+    rows: list[Row]                   # this process's questions, in group order
+    student_texts: list[str]          # G per question
+    teacher_texts: list[list[str]]    # G per question (drawn across the chosen teachers)
+    is_teacher: torch.Tensor          # [rows of the group] bool: teacher answers inside the policy's group
+    metrics: dict[str, float]
+
+
+def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], per_question: int,
+                device: torch.device):
+    qs = [r.question for r in rows for _ in range(per_question)]
+    ims = [r.image for r in rows for _ in range(per_question)]
+    batch = to_device(processor.encode_pairs(qs, ims, texts), device)
+    for key in ("mm_token_type_ids", "pixel_values", "image_grid_thw"):  # absent for text-only questions
+        batch.setdefault(key, None)
+    return batch
+
+
+class DiscriminatorSimilarity(Guidance):
+    """`disc` is the pretrained discriminator; under `rl.backend: deepspeed` its engine owns its placement and it
+    stays on the device, else with `offload_idle` it visits the device only for its updates and scoring."""
+
+    def __init__(self, disc: torch.nn.Module, cfg, processor: StudentProcessor, device: torch.device):
+        self.disc, self.cfg, self.processor, self.device = disc, cfg, processor, device
+        self.offload = cfg.offload_idle and cfg.backend == "torch"
+        disc.to(CPU if self.offload else device)
+        self.updater = (make_updater(cfg.backend, disc, disc.trainable_parameters(), cfg.disc_lr, cfg.zero_stage,
+                                     device) if cfg.discriminator == "updated" else None)
+        self.host = self.updater if self.updater is not None else disc  # what moves when it visits
+        self.parts = {"discriminator": Weights(self.host)}
+        if self.updater is not None:  # absent when the discriminator is fixed
+            self.parts["disc_optimizer"] = OptimizerState(self.updater)
+
+    def shape(self, step: QuestionStep, returns: Returns) -> Returns:
+        cfg, disc, G, B = self.cfg, self.disc, len(step.student_texts) // len(step.rows), len(step.rows)
+        texts = [t for b in range(B) for t in step.student_texts[b * G:(b + 1) * G] + step.teacher_texts[b]]
+        batch = _disc_batch(self.processor, step.rows, texts, 2 * G, self.device)
+        labels = torch.tensor(([1.0] * G + [0.0] * G) * B, device=self.device)
+        with visiting(self.host, self.device, self.offload):
+            if self.updater is not None:
+                for _ in range(cfg.disc_updates):
+                    self.updater.update(F.binary_cross_entropy_with_logits(disc(**batch), labels))
+            with torch.no_grad():
+                disc.eval()
+                scores = torch.sigmoid(disc(**batch)).cpu()  # [B * 2G]; rewards are assembled on the CPU
+                disc.train()
+        labels = labels.cpu()
+        in_group = scores if cfg.teacher_in_group else scores.view(B, 2 * G)[:, :G].reshape(-1)
+        sim = similarity_reward(in_group, cfg.similarity)  # [rows of the group]
+        m = step.metrics
+        m.update({"disc_accuracy": float(((scores >= 0.5).float() == labels).float().mean()),
+                  "disc_score_student": float(scores[labels == 1].mean()),
+                  "disc_score_teacher": float(scores[labels == 0].mean())})
+        m["similarity_reward_student"] = sim[~step.is_teacher].mean().item()
+        if step.is_teacher.any():
+            m["similarity_reward_teacher"] = sim[step.is_teacher].mean().item()
+        return Returns.single_turn(cfg.w_sim * sim + cfg.w_answer * returns.episode, returns.group_size)
