@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --upgrade pip wheel setuptools
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e .
-	$(BIN)/pip install pytest ninja
+	$(BIN)/pip install pytest pytest-xdist ninja
 	$(BIN)/pip install --no-build-isolation "deepspeed>=0.18,<0.20"
 	touch $(STAMP)
 
@@ -52,8 +52,10 @@ $(HARNESSES): Makefile | $(STAMP)
 	$(BIN)/pip install loguru datasets accelerate tenacity evaluate sacrebleu levenshtein
 	touch $(HARNESSES)
 
+# two test processes (one per core): the end-to-end flow tests share one worker and its finished project
+TEST_WORKERS ?= 2
 test: $(STAMP) $(HARNESSES)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # Local service mode: Prefect server + process worker + MLflow server on loopback (flows/service.py).
 serve: $(STAMP)

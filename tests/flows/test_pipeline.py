@@ -75,6 +75,7 @@ def mlflow_client(proj: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("finished_project")  # one worker builds the shared project once
 def test_flow_runs_every_stage_and_leaves_dvc_clean(finished_project, tmp_path):
     proj, proc = finished_project.path, finished_project.flow
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

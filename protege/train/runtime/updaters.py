@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Callable
 
 import torch
@@ -72,6 +73,12 @@ class TorchUpdater:
         self.model.load_state_dict(state)
 
 
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 class DeepSpeedUpdater:
     partitioned = True  # under ZeRO each rank holds only its partition of the optimizer state
 
@@ -85,8 +92,11 @@ class DeepSpeedUpdater:
         except ImportError as exc:
             raise UserFacingError(f"{key} 'deepspeed' needs DeepSpeed: pip install deepspeed") from exc
         if not torch.distributed.is_initialized():
+            # a process no launcher started is rank 0 of 1: its group needs only a port nobody else holds (a
+            # fixed one would collide with another such run on the machine)
+            alone = "RANK" not in os.environ and "MASTER_PORT" not in os.environ
             for k, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                             ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
+                             ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", _free_port() if alone else "29511")):
                 os.environ.setdefault(k, value)
             deepspeed.init_distributed(dist_backend="nccl" if accel == "cuda" else "gloo")
         self.zero_stage = zero_stage
