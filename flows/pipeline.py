@@ -24,7 +24,7 @@ from prefect import flow  # noqa: E402
 import protege  # noqa: E402,F401  (offline settings)
 from protege import stage_host  # noqa: E402
 from protege.config import load_config  # noqa: E402
-from protege.pipeline import run_dag, stage_upstream  # noqa: E402
+from protege.pipeline import expected_seconds, run_dag, stage_upstream  # noqa: E402
 from protege.stages import STAGES  # noqa: E402
 from protege.workspace import workspace_lock  # noqa: E402
 from tasks.stages import (  # noqa: E402
@@ -52,7 +52,8 @@ def run_stages(project_dir: str, stages, parent: str, dispatch: str) -> dict[str
             return outputs
         # every stage starts once the stages writing its deps are done, at most `jobs` at a time
         return run_dag(stage_upstream(project_dir, stages),
-                       lambda stage: parallel_stage_task(stage)(project_dir, stage, parent), jobs)
+                       lambda stage: parallel_stage_task(stage)(project_dir, stage, parent), jobs,
+                       expected_seconds(project_dir))
 
 
 @flow(name="protege-pipeline", log_prints=True)

@@ -7,7 +7,8 @@ Stages of independent branches (the question chain, the agent game, the tool gam
 another does what `dvc repro --single-item` does in three steps, only the first and last under the lock:
 ask DVC whether the stage changed (`dvc status`), run its command (its non-persistent outputs removed first,
 as DVC does), and record it (`dvc commit`: the outputs cached and the lock entry written). The outputs are
-the same files either way; only the time differs.
+the same files either way; only the time differs. Which ready stage starts first follows how long each
+stage is expected to take (`expected_seconds`): the longest remaining chain first.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,15 +87,27 @@ def descendants(upstream: dict[str, list[str]]) -> dict[str, set[str]]:
     return below
 
 
-def run_dag(upstream: dict[str, list[str]], run_one: Callable[[str], object], jobs: int) -> dict[str, object]:
+def bottom_levels(upstream: dict[str, list[str]], seconds: dict[str, float]) -> dict[str, float]:
+    """For each stage, its expected seconds plus those of the costliest chain of stages waiting below it: how
+    long the run lasts at least once it starts (0 for a stage with no estimate)."""
+    level: dict[str, float] = {}
+    for stage in reversed(list(upstream)):  # dvc.yaml order is topological
+        below = [level[s] for s in upstream if stage in upstream[s]]
+        level[stage] = seconds.get(stage, 0.0) + max(below, default=0.0)
+    return level
+
+
+def run_dag(upstream: dict[str, list[str]], run_one: Callable[[str], object], jobs: int,
+            seconds: dict[str, float] | None = None) -> dict[str, object]:
     """run_one(stage) for every stage of `upstream` (in dvc.yaml's order) once the stages it waits for are done,
-    at most `jobs` at once. A free slot goes to the ready stage with the most stages waiting below it (the
-    question chain before the games; ties in dvc.yaml's order), decided here rather than by whichever thread
-    asks first. A failed stage's downstream stages never start, the others run to the end; then the first
-    failure in dvc.yaml's order is raised. Each call runs in a copy of the caller's context (so an
-    orchestrator's run context reaches it)."""
+    at most `jobs` at once. A free slot goes to the ready stage heading the longest expected chain (`seconds`:
+    each stage's expected duration, see `expected_seconds`), then to the one with the most stages waiting below
+    it, then in dvc.yaml's order; decided here rather than by whichever thread asks first. A failed stage's
+    downstream stages never start, the others run to the end; then the first failure in dvc.yaml's order is
+    raised. Each call runs in a copy of the caller's context (so an orchestrator's run context reaches it)."""
     order = list(upstream)
     below = descendants(upstream)
+    level = bottom_levels(upstream, seconds or {})
     done: dict[str, object] = {}
     failed: dict[str, BaseException] = {}
     running: dict[concurrent.futures.Future, str] = {}
@@ -101,7 +116,7 @@ def run_dag(upstream: dict[str, list[str]], run_one: Callable[[str], object], jo
         while True:
             ready = [s for s in order if s not in done and s not in failed and s not in blocked
                      and s not in running.values() and all(u in done for u in upstream[s])]
-            ready.sort(key=lambda s: (-len(below[s]), order.index(s)))
+            ready.sort(key=lambda s: (-level[s], -len(below[s]), order.index(s)))
             while ready and len(running) < jobs:
                 stage = ready.pop(0)
                 running[pool.submit(contextvars.copy_context().run, run_one, stage)] = stage
@@ -149,6 +164,41 @@ def stage_changed(project_dir: str | Path, stage: str) -> bool:
     return bool(json.loads(_dvc(Path(project_dir).resolve(), "status", "--json", stage) or "{}"))
 
 
+SECONDS_FILE = Path(".dvc") / "tmp" / "protege-stage-seconds.json"
+_SECONDS = threading.Lock()
+
+
+def expected_seconds(project_dir: str | Path) -> dict[str, float]:
+    """How long each stage is expected to take: what its last run in this project took (recorded in
+    SECONDS_FILE), else dvc.yaml's `meta: {seconds: N}` hint (the demo's time on 2 CPU cores)."""
+    project_dir = Path(project_dir)
+    spec = yaml.safe_load((project_dir / "dvc.yaml").read_text())["stages"]
+    out = {s: float(v["meta"]["seconds"]) for s, v in spec.items() if isinstance((v.get("meta") or {}).get("seconds"),
+                                                                                  (int, float))}
+    recorded = project_dir / SECONDS_FILE
+    try:
+        out.update({s: float(v) for s, v in json.loads(recorded.read_text()).items() if s in spec})
+    except (OSError, ValueError, AttributeError):
+        pass  # none recorded yet, or a file this version cannot read: the hints stand
+    return out
+
+
+def _record_seconds(project_dir: Path, stage: str, seconds: float) -> None:
+    from protege.files import write_atomic
+
+    recorded = project_dir / SECONDS_FILE
+    if not recorded.parent.parent.is_dir():
+        return
+    with _SECONDS:
+        try:
+            known = json.loads(recorded.read_text())
+        except (OSError, ValueError):
+            known = {}
+        known = {**(known if isinstance(known, dict) else {}), stage: round(seconds, 1)}
+        recorded.parent.mkdir(exist_ok=True)
+        write_atomic(recorded, lambda tmp: tmp.write_text(json.dumps(known, indent=1, sort_keys=True)))
+
+
 def run_stage_beside_others(project_dir: str | Path, stage: str, parent_run_id: str | None = None) -> list[str]:
     """`dvc repro --single-item STAGE` without holding DVC's workspace lock while the stage's command runs, so
     a stage of another branch can run meanwhile (see the module docstring)."""
@@ -167,7 +217,9 @@ def run_stage_beside_others(project_dir: str | Path, stage: str, parent_run_id: 
             elif target.exists() or target.is_symlink():
                 target.unlink()
     print(f"Running stage '{stage}':\n> {spec['cmd']}", flush=True)
+    t0 = time.monotonic()
     _stream(spec["cmd"], project_dir, parent_run_id, stage, shell=True)
+    _record_seconds(project_dir, stage, time.monotonic() - t0)
     _dvc(project_dir, "commit", "--force", "--quiet", stage)
     return stage_outs(project_dir, stage)
 

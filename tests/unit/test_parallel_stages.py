@@ -44,14 +44,16 @@ def test_at_most_jobs_at_once_and_the_longest_chain_first():
             started.append(stage)
             live[0] += 1
             peak[0] = max(peak[0], live[0])
-        time.sleep(0.05)
+        time.sleep(0.01 if stage == "validate" else 0.1)  # validate frees its slot first
         with lock:
             live[0] -= 1
         return stage.upper()
 
     out = run_dag(UPSTREAM, run_one, jobs=2)
     assert out == {s: s.upper() for s in UPSTREAM} and peak[0] == 2
-    assert started[0] == "world" and started[1] == "validate"  # 3 stages wait below it, 1 below agent_sft
+    # after world two slots: validate (3 stages wait below it) and agent_sft (1), not tool_sft (0); the two
+    # threads may record their start in either order
+    assert started[0] == "world" and set(started[1:3]) == {"validate", "agent_sft"}
     assert started.index("sft") < started.index("tool_sft")  # the question chain keeps a slot
     for stage, ups in UPSTREAM.items():
         assert all(started.index(u) < started.index(stage) for u in ups)
@@ -77,3 +79,39 @@ def test_each_stage_sees_the_callers_context():
     var.set("run-1")
     seen = run_dag({"a": [], "b": [], "c": ["a"]}, lambda stage: var.get(), jobs=2)
     assert seen == {"a": "run-1", "b": "run-1", "c": "run-1"}
+
+
+def test_with_expected_seconds_the_longest_chain_starts_first():
+    from protege.pipeline import bottom_levels
+
+    seconds = {"world": 20, "validate": 7, "sft": 195, "rl": 65, "evaluate": 24, "agent_sft": 216, "agent_rl": 141,
+               "tool_sft": 342}
+    level = bottom_levels(UPSTREAM, seconds)
+    # hand-added: tool_sft alone 342; agent chain 216 + 141 = 357; question chain 7 + 195 + 65 + 24 = 291
+    assert level["tool_sft"] == 342 and level["agent_sft"] == 357 and level["validate"] == 291
+    assert level["world"] == 20 + 357
+    order, lock = [], threading.Lock()
+
+    def run_one(stage):
+        with lock:
+            order.append(stage)
+
+    run_dag(UPSTREAM, run_one, jobs=1, seconds=seconds)
+    # one slot: after world the agent chain's head, then tool_sft, then the question chain (most stages below
+    # it would have gone first without the estimates)
+    assert order[:4] == ["world", "agent_sft", "tool_sft", "validate"]
+
+
+def test_expected_seconds_are_the_last_run_here_else_dvc_yaml_hints(tmp_path):
+    from protege.pipeline import SECONDS_FILE, _record_seconds, expected_seconds
+
+    (tmp_path / "dvc.yaml").write_text("stages:\n  a:\n    cmd: x\n    meta: {seconds: 30}\n  b:\n    cmd: y\n")
+    assert expected_seconds(tmp_path) == {"a": 30.0}
+    _record_seconds(tmp_path, "b", 12.34)  # no .dvc folder: not a DVC project, nothing recorded
+    assert expected_seconds(tmp_path) == {"a": 30.0}
+    (tmp_path / ".dvc").mkdir()
+    _record_seconds(tmp_path, "b", 12.34)
+    _record_seconds(tmp_path, "a", 41.0)
+    assert expected_seconds(tmp_path) == {"a": 41.0, "b": 12.3}
+    (tmp_path / SECONDS_FILE).write_text("not json")  # a damaged record: the hints stand
+    assert expected_seconds(tmp_path) == {"a": 30.0}
