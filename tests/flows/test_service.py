@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pandas as pd
@@ -30,11 +31,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def api(base: str, method: str, path: str, body: dict | None = None):
-    req = urllib.request.Request(base + path, method=method, data=json.dumps(body).encode() if body is not None
-                                 else None, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read() or b"null")
+def api(base: str, method: str, path: str, body: dict | None = None, attempts: int = 6):
+    """One call to the Prefect REST API. A busy server (its SQLite database under a loaded machine) answers
+    503 now and then; Prefect's own client retries 429/502/503/504, and so does this."""
+    for attempt in range(attempts):
+        req = urllib.request.Request(base + path, method=method, data=json.dumps(body).encode() if body is not None
+                                     else None, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (429, 502, 503, 504) or attempt == attempts - 1:
+                raise
+        time.sleep(2 * (attempt + 1))
 
 
 def trigger(base: str, deployment: str, parameters: dict | None = None) -> str:

@@ -73,8 +73,13 @@ def _listing(folder: Path) -> set[str]:
 
 
 @pytest.fixture
-def watch(tmp_path):
-    """Snapshots outside the sandbox; after the test, nothing of them may have changed because of it."""
+def watch(tmp_path, monkeypatch):
+    """Snapshots outside the sandbox; after the test, nothing of them may have changed because of it. This
+    process's sandbox folders go to a temp root of the test's own, so another test process running sandboxes
+    at the same time (make test runs two) cannot look like a leak."""
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     sentinel_dir = tmp_path / "outside"
     sentinel_dir.mkdir()
     sentinel = sentinel_dir / "sentinel.txt"
@@ -90,9 +95,8 @@ def watch(tmp_path):
     assert _listing(sentinel_dir) == {"sentinel.txt"}
     for folder in folders:
         assert not any(MARK in name for name in _listing(folder)), f"{folder} was written"
-        new = _listing(folder) - before[folder]
-        # ours are removed after each run; anything else new may be another process's, but never the sandbox's
-        assert not any(name.startswith("protege-sbx-") for name in new), f"temp dir left in {folder}: {new}"
+    # the sandbox's own folders are removed after each run
+    assert not _listing(own_tmp), f"temp dir left in {own_tmp}: {_listing(own_tmp)}"
     assert os.getppid() > 0  # pytest and its parent are alive
 
 
