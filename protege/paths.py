@@ -35,6 +35,11 @@ EVAL_DIR = Path("reports/eval")  # per model and benchmark: predictions, scored 
 EVAL_PNG = Path("reports/eval.png")
 
 
+def checkpoint_dir(out_dir: Path, step: int) -> Path:
+    """Where an RL run writes its checkpoint after `step`."""
+    return Path(out_dir) / f"step-{step:05d}"
+
+
 def checkpoints(folder: Path) -> list[Path]:
     """The step-N checkpoint folders of an RL run in step order, by number (step-100000 after step-99999)."""
     found = [p for p in Path(folder).glob("step-*") if p.name[5:].isdigit()]

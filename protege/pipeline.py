@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from protege.dvc_lockfile import dvc_writing
+from protege.files import write_atomic
 from protege.tracking import PARENT_ENV
 
 
@@ -173,8 +174,8 @@ def expected_seconds(project_dir: str | Path) -> dict[str, float]:
     SECONDS_FILE), else dvc.yaml's `meta: {seconds: N}` hint (the demo's time on 2 CPU cores)."""
     project_dir = Path(project_dir)
     spec = yaml.safe_load((project_dir / "dvc.yaml").read_text())["stages"]
-    out = {s: float(v["meta"]["seconds"]) for s, v in spec.items() if isinstance((v.get("meta") or {}).get("seconds"),
-                                                                                  (int, float))}
+    hints = {s: (v.get("meta") or {}).get("seconds") for s, v in spec.items()}
+    out = {s: float(h) for s, h in hints.items() if isinstance(h, (int, float))}
     recorded = project_dir / SECONDS_FILE
     try:
         out.update({s: float(v) for s, v in json.loads(recorded.read_text()).items() if s in spec})
@@ -184,8 +185,6 @@ def expected_seconds(project_dir: str | Path) -> dict[str, float]:
 
 
 def _record_seconds(project_dir: Path, stage: str, seconds: float) -> None:
-    from protege.files import write_atomic
-
     recorded = project_dir / SECONDS_FILE
     if not recorded.parent.parent.is_dir():
         return

@@ -50,17 +50,18 @@ def _mlflow(project_dir: Path):
     return mlflow
 
 
-def dvc_digest(project_dir: Path, path: str | Path) -> str | None:
-    """The md5 DVC recorded for `path` as some stage's output, if any (None before the first lock)."""
+def _lock_outs(project_dir: Path) -> list[dict]:
+    """Every stage output dvc.lock records (none before the first lock)."""
     text = read_dvc_lock(project_dir)
-    if text is None:
-        return None
+    stages = (yaml.safe_load(text) or {}).get("stages", {}) if text is not None else {}
+    return [out for stage in stages.values() for out in stage.get("outs", [])]
+
+
+def dvc_digest(project_dir: Path, path: str | Path, outs: list[dict] | None = None) -> str | None:
+    """The md5 DVC recorded for `path` as some stage's output, if any (None before the first lock)."""
     rel = str(Path(path))
-    for stage in (yaml.safe_load(text) or {}).get("stages", {}).values():
-        for out in stage.get("outs", []):
-            if out.get("path") == rel:
-                return out.get("md5")
-    return None
+    return next((out.get("md5") for out in (_lock_outs(project_dir) if outs is None else outs)
+                 if out.get("path") == rel), None)
 
 
 def input_digest(project_dir: Path, path: str | Path) -> str:
@@ -69,32 +70,29 @@ def input_digest(project_dir: Path, path: str | Path) -> str:
     md5 of its bytes. Never mtimes or absolute paths: a copy, a checkout, `dvc pull` or `dvc exp run --temp`
     changes those, and a run that resumes must recognise its inputs there too."""
     root = Path(project_dir)
-    found = dvc_digest(root, path) or _manifest_md5(root, Path(path))
+    outs = _lock_outs(root)  # read and parsed once
+    found = dvc_digest(root, path, outs) or _manifest_md5(root, Path(path), outs)
     if found:
         return found
     return content_md5(root / path) if (root / path).exists() else "absent"
 
 
-def _manifest_md5(root: Path, path: Path) -> str | None:
+def _manifest_md5(root: Path, path: Path, outs: list[dict]) -> str | None:
     """The md5 DVC's directory manifest records for a file inside a folder output (None when the lock has
     no such folder, or its manifest is not in this project's cache, as before a `dvc pull`)."""
-    text = read_dvc_lock(root)
-    if text is None:
-        return None
     rel = path.as_posix()
-    for stage in (yaml.safe_load(text) or {}).get("stages", {}).values():
-        for out in stage.get("outs", []):
-            folder, md5 = out.get("path", ""), out.get("md5", "")
-            if not (md5.endswith(".dir") and rel.startswith(folder.rstrip("/") + "/")):
-                continue
-            manifest = _dvc_cache(root) / "files" / "md5" / md5[:2] / md5[2:]
-            if not manifest.is_file():
-                return None
-            inner = rel[len(folder.rstrip("/")) + 1:]
-            for entry in json.loads(manifest.read_text()):
-                if entry.get("relpath") == inner:
-                    return entry.get("md5")
+    for out in outs:
+        folder, md5 = out.get("path", ""), out.get("md5", "")
+        if not (md5.endswith(".dir") and rel.startswith(folder.rstrip("/") + "/")):
+            continue
+        manifest = _dvc_cache(root) / "files" / "md5" / md5[:2] / md5[2:]
+        if not manifest.is_file():
             return None
+        inner = rel[len(folder.rstrip("/")) + 1:]
+        for entry in json.loads(manifest.read_text()):
+            if entry.get("relpath") == inner:
+                return entry.get("md5")
+        return None
     return None
 
 

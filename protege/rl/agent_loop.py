@@ -26,7 +26,7 @@ from protege.config import result_params
 from protege.models.lora import is_lora
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
-from protege.paths import checkpoints
+from protege.paths import checkpoint_dir, checkpoints
 from protege.rl.episodes import Episode, batch_to, pack_episodes, play, sequence_logprobs
 from protege.rl.estimators import Returns, estimator
 from protege.rl.games import Game, env_factory, max_turns, sampling_for
@@ -62,10 +62,6 @@ def guidance_terms(rl, teacher: torch.nn.Module | None, policy: torch.nn.Module,
     if teacher is not None:
         terms.append(MergedTeacherGuidance(teacher, policy, rl.gtr, processor, sampling, rng, device))
     return terms
-
-
-def checkpoint_dir(out_dir: Path, step: int) -> Path:
-    return out_dir / f"step-{step:05d}"
 
 
 def turn_rewards(eps: list[Episode]) -> tuple[torch.Tensor, torch.Tensor]:

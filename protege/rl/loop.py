@@ -8,8 +8,6 @@ guidance/discriminator.py, the losses in losses.py, the group layout in group.py
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import time
 from collections.abc import Callable
@@ -25,7 +23,7 @@ from protege.generation.transformers_backend import Sampling, complete
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.rewards.judge import rule_judge
-from protege.paths import checkpoints
+from protege.paths import checkpoint_dir, checkpoints
 from protege.rl.estimators import Returns, estimator
 from protege.rl.group import build_group
 from protege.rl.guidance.discriminator import DiscriminatorSimilarity, QuestionStep
@@ -37,6 +35,7 @@ from protege.train.runtime.distributed import barrier, world
 from protege.train.runtime.placement import CPU, resolve_device, to_device
 from protege.train.runtime.run import Run, due, next_rows
 from protege.train.runtime.state import OptimizerState, TorchRNG, Weights
+from protege.train.runtime.state import fingerprint as state_fingerprint
 from protege.train.runtime.updaters import make_updater
 
 
@@ -51,10 +50,6 @@ class RLInputs:
     evaluator: Callable[[int, torch.nn.Module], None] | None = None
 
 
-def checkpoint_dir(out_dir: Path, step: int) -> Path:
-    return out_dir / f"step-{step:05d}"
-
-
 def fingerprint(cfg: RLConfig, seed: int, inputs_digest: str = "") -> str:
     """Identifies the run a resume state belongs to: a state from other params or other inputs (the
     caller's digest of the starting checkpoint and data) is never resumed.
@@ -64,9 +59,7 @@ def fingerprint(cfg: RLConfig, seed: int, inputs_digest: str = "") -> str:
     cadence. The learning curve's settings count: a finished run would otherwise keep a curve drawn under
     other ones. So does the number of processes (each holds its own optimizer partition and RNG).
     """
-    blob = json.dumps([result_params(cfg), seed, world()[1]] + ([inputs_digest] if inputs_digest else []),
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return state_fingerprint(result_params(cfg), seed, inputs_digest)
 
 
 def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: random.Random) -> list[str]:

@@ -155,7 +155,7 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     saved = run_rl(policy, ref, processor, inputs, c, out, cfg.seed, on_log=log, state_dir=out / STATE,
                    inputs_digest=digest, on_state_saved=lambda step: drop_previous(out))
     drop_previous(out)
-    run.log_model(saved[-1], model_name, params=c.model_dump())
+    run.log_model(saved[-1], model_name, params=tracked_params(c))
     summary = {"algorithm": algorithm, "checkpoints": len(saved), "resumed_after_step": resumed}
     if history:
         k = max(1, len(history) // 4)

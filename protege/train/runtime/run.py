@@ -1,6 +1,5 @@
 """The skeleton every trainer shares (sft, agent_sft, disc_pretrain and the RL loops): resuming from the
-training state, the epoch-wise order of the data, the save cadence and the early stop tests use. A trainer
-keeps only its step body; with the same seed and settings it draws its random numbers in the same order
+training state, the epoch-wise order of the data and the save cadence. A trainer keeps only its step body; with the same seed and settings it draws its random numbers in the same order
 whether it starts afresh or resumes, so a resumed run ends with bitwise the weights of an uninterrupted one.
 """
 from __future__ import annotations
@@ -9,6 +8,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from protege.train.runtime.run_folder import resumable
 from protege.train.runtime.state import Part, prepare_state, restore_state, save_state
 
 
@@ -45,7 +45,7 @@ class Run:
         if self.folder is None:
             return 1, {}
         meta = prepare_state(self.folder, self.fingerprint, self.rank, self.barrier)
-        if meta is None or meta["step"] > self.steps:
+        if not resumable(meta, self.fingerprint, self.steps):
             return 1, {}
         restore_state(self.folder, meta, parts=self.parts, py_rng=self.rng, rank=self.rank)
         return meta["step"] + 1, meta["cursor"]
