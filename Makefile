@@ -52,10 +52,11 @@ $(HARNESSES): Makefile | $(STAMP)
 	$(BIN)/pip install loguru datasets accelerate tenacity evaluate sacrebleu levenshtein
 	touch $(HARNESSES)
 
-# two test processes (one per core): the end-to-end flow tests share one worker and its finished project
+# two test processes (one per core), whole files to each: the pipeline and service tests share one finished
+# project in one file (tests/flows/test_pipeline.py)
 TEST_WORKERS ?= 2
 test: $(STAMP) $(HARNESSES)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Local service mode: Prefect server + process worker + MLflow server on loopback (flows/service.py).
 serve: $(STAMP)

@@ -1,5 +1,5 @@
 """Retraining's library half: the inbox -> pool admission, the workspace lock, params edits, model URIs and
-the orchestration section. (The deployments themselves: tests/flows/test_service.py.)"""
+the orchestration section. (The deployments themselves: tests/flows/service_retrain.py, collected in test_pipeline.py.)"""
 import io
 import json
 import multiprocessing

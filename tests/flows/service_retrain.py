@@ -96,7 +96,6 @@ def registry(proj, env):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("finished_project")  # one worker builds the shared project once
 def test_retrain_deployment_on_a_local_service(finished_project):
     # the champion: the session's pipeline run, inline, into the project's sqlite store (the server serves it)
     proj, first = finished_project.path, finished_project.flow
