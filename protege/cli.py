@@ -107,16 +107,15 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
 def stage_record(name: str, cfg, root: Path) -> dict:
     """protege.json for what stage `name` writes: the resolved params it reads (its params in dvc.yaml; the
     whole configuration where the project has no dvc.yaml), the code version and its data inputs' digests."""
-    import yaml
-
     from protege import __version__, tracking
+    from protege.dvc_lockfile import read_dvc_yaml
     from protege.lineage import git_state
     from protege.pipeline import entry_path
 
     values = cfg.model_dump(mode="json")
     spec = {}
     if (root / "dvc.yaml").exists():
-        spec = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {}).get(name, {})
+        spec = read_dvc_yaml(root).get(name, {})
     keys = [str(k) for k in spec.get("params", [])] if spec else list(values)
     params = {}
     for key in keys:

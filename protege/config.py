@@ -514,6 +514,9 @@ class AgentRLConfig(SamplingConfig):
     save_every: int = Field(10, ge=1, le=10_000_000, **affects(OUTPUTS))
     max_new_tokens: int = Field(48, ge=1, le=1_000_000)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # deepspeed: ZeRO for the policy's update, in one process (episodes are played by one process)
+    backend: Literal["torch", "deepspeed"] = "torch"
+    zero_stage: Literal[2, 3] = 2
     gtr: GTRConfig = GTRConfig()
     gtpo: GTPOConfig = GTPOConfig()
 

@@ -11,6 +11,8 @@ import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
+
 GUARD = Path(".dvc") / "tmp" / "protege-dvc-lock"
 
 
@@ -42,3 +44,15 @@ def read_dvc_lock(project_dir: str | Path) -> str | None:
     path = Path(project_dir) / "dvc.lock"
     with _flock(Path(project_dir), fcntl.LOCK_SH):
         return path.read_text() if path.is_file() else None
+
+
+def parse_dvc_file(text: str):
+    """dvc.yaml or dvc.lock text as Python objects, with libyaml's parser when PyYAML has it: every stage reads
+    dvc.lock (100+ kB for the demo) a few times, 0.27 s each with the pure-Python parser against 0.04 s.
+    Both parsers feed the same safe constructor."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def read_dvc_yaml(project_dir: str | Path) -> dict:
+    """The stages of PROJECT/dvc.yaml as written (DVC's `${...}` templates are not filled in)."""
+    return (parse_dvc_file((Path(project_dir) / "dvc.yaml").read_text()) or {}).get("stages", {})

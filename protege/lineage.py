@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from protege import tracking
-from protege.dvc_lockfile import read_dvc_lock
+from protege.dvc_lockfile import parse_dvc_file, read_dvc_lock
 from protege.errors import UserFacingError
 from protege.paths import TEACHER_CACHE
 
@@ -46,7 +46,7 @@ def read_lock(root: Path) -> dict[str, dict]:
         raise UserFacingError(f"{path} not found: lineage follows the DVC pipeline's lock (run `dvc repro` or "
                               "`protege pipeline` first, or pass --project)")
     try:
-        stages = (yaml.safe_load(text) or {}).get("stages")
+        stages = (parse_dvc_file(text) or {}).get("stages")
     except yaml.YAMLError as exc:
         raise UserFacingError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(stages, dict) or not stages:

@@ -25,9 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
 
-from protege.dvc_lockfile import dvc_writing
+from protege.dvc_lockfile import dvc_writing, parse_dvc_file, read_dvc_lock, read_dvc_yaml
 from protege.files import write_atomic
 from protege.tracking import PARENT_ENV
 
@@ -40,7 +39,7 @@ class StageFailed(RuntimeError):
 
 
 def stage_outs(project_dir: Path, stage: str) -> list[str]:
-    spec = yaml.safe_load((Path(project_dir) / "dvc.yaml").read_text())["stages"][stage]
+    spec = read_dvc_yaml(project_dir)[stage]
     return [entry_path(o) for key in ("outs", "metrics") for o in spec.get(key, [])]
 
 
@@ -56,7 +55,7 @@ def _overlaps(a: str, b: str) -> bool:
 
 def stage_upstream(project_dir: str | Path, stages) -> dict[str, list[str]]:
     """For each of `stages` (dvc.yaml's order), the stages among them that write one of its deps."""
-    spec = yaml.safe_load((Path(project_dir) / "dvc.yaml").read_text())["stages"]
+    spec = read_dvc_yaml(project_dir)
     outs = {s: [entry_path(o) for key in ("outs", "metrics") for o in spec[s].get(key, [])] for s in stages}
     return {s: [u for u in stages if u != s and any(_overlaps(entry_path(d), o) for d in spec[s].get("deps", [])
                                                     for o in outs[u])] for s in stages}
@@ -161,8 +160,15 @@ def _stream(cmd, project_dir: Path, parent_run_id: str | None, stage: str, shell
 
 def stage_changed(project_dir: str | Path, stage: str) -> bool:
     """Whether DVC would run STAGE now (its deps, params or outputs differ from dvc.lock); its upstream stages
-    are taken as they are."""
-    return bool(json.loads(_dvc(Path(project_dir).resolve(), "status", "--json", stage) or "{}"))
+    are taken as they are. A stage dvc.lock has no record of, or one whose outs are missing, runs for certain:
+    that is answered without starting DVC (2.4 s a stage on a fresh project)."""
+    project_dir = Path(project_dir).resolve()
+    text = read_dvc_lock(project_dir)
+    recorded = (parse_dvc_file(text) or {}).get("stages", {}) if text is not None else {}
+    outs = [entry_path(o) for o in read_dvc_yaml(project_dir)[stage].get("outs") or []]
+    if stage not in recorded or any(not (project_dir / o).exists() for o in outs if "${" not in o):
+        return True
+    return bool(json.loads(_dvc(project_dir, "status", "--json", stage) or "{}"))
 
 
 SECONDS_FILE = Path(".dvc") / "tmp" / "protege-stage-seconds.json"
@@ -173,7 +179,7 @@ def expected_seconds(project_dir: str | Path) -> dict[str, float]:
     """How long each stage is expected to take: what its last run in this project took (recorded in
     SECONDS_FILE), else dvc.yaml's `meta: {seconds: N}` hint (the demo's time on 2 CPU cores)."""
     project_dir = Path(project_dir)
-    spec = yaml.safe_load((project_dir / "dvc.yaml").read_text())["stages"]
+    spec = read_dvc_yaml(project_dir)
     hints = {s: (v.get("meta") or {}).get("seconds") for s, v in spec.items()}
     out = {s: float(h) for s, h in hints.items() if isinstance(h, (int, float))}
     recorded = project_dir / SECONDS_FILE
@@ -205,7 +211,7 @@ def run_stage_beside_others(project_dir: str | Path, stage: str, parent_run_id: 
     if not stage_changed(project_dir, stage):
         print(f"Stage '{stage}' didn't change, skipping", flush=True)
         return stage_outs(project_dir, stage)
-    spec = yaml.safe_load((project_dir / "dvc.yaml").read_text())["stages"][stage]
+    spec = read_dvc_yaml(project_dir)[stage]
     for key in ("outs", "metrics", "plots"):
         for o in spec.get(key, []):
             if isinstance(o, dict) and (next(iter(o.values())) or {}).get("persist"):
@@ -243,7 +249,7 @@ def missing_dag_params(project_dir: str | Path, params_file: str = "params.yaml"
     from protege.config import read_params
 
     params, _ = read_params(project_dir / params_file)
-    stages = yaml.safe_load((project_dir / "dvc.yaml").read_text())["stages"]
+    stages = read_dvc_yaml(project_dir)
     missing = []
     for spec in stages.values():
         for key in spec.get("params", []):

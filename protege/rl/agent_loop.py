@@ -29,7 +29,7 @@ from protege.models.student import save_student
 from protege.paths import checkpoint_dir, checkpoints
 from protege.rl.episodes import Episode, batch_to, pack_episodes, play, sequence_logprobs
 from protege.rl.estimators import Returns, estimator
-from protege.rl.games import Game, env_factory, max_turns, sampling_for
+from protege.rl.games import Game, env_factory, is_tool, max_turns, sampling_for
 from protege.rl.gtpo import token_advantages
 from protege.rl.guidance.base import Guidance, Step
 from protege.rl.guidance.merged_teacher import MergedTeacherGuidance
@@ -111,9 +111,12 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     teacher = teacher_copy(policy) if gtr.guidance != "none" else None
     policy.to(device)
     params = select_trainable(policy, rl.trainable)
-    updater = make_updater("torch", policy, params, rl.lr, 2, device, key="agent.rl")  # constant LR
     sampling = sampling_for(cfg, do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
+    # before the updater: the merged teacher starts from the whole weights, which ZeRO-3 then partitions
     guidance = guidance_terms(rl, teacher, policy, processor, sampling, rng, device)
+    section = "tool" if is_tool(cfg) else "agent"
+    updater = make_updater(rl.backend, policy, params, rl.lr, rl.zero_stage, device,  # constant LR
+                           key=f"{section}.rl.backend")
     parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
     for term in guidance:
         parts.update(term.parts)
@@ -133,7 +136,9 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
 
         # 2. multi-turn episodes from pi_old (= the current policy), all at once
         t_roll = time.perf_counter()
-        eps = play(policy, processor, [new_env() for _ in seeds], seeds, sampling, device=device, context=cfg.context)
+        with updater.gathered():  # ZeRO-3 partitions the weights: generation needs them whole
+            eps = play(policy, processor, [new_env() for _ in seeds], seeds, sampling, device=device,
+                       context=cfg.context)
         rollout_s = time.perf_counter() - t_roll
         batch = batch_to(pack_episodes(processor, eps), device)
         mask = batch.loss_mask.float()  # [N, T-1] the policy's own tokens (N rows: episodes, or their turns)
@@ -174,14 +179,16 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
 
         # 6. update; guidance terms follow the new weights (the merged teacher merges them in)
         updater.update(loss)
-        for term in guidance:
-            term.after_update(policy, metrics)
+        with updater.gathered():
+            for term in guidance:
+                term.after_update(policy, metrics)
         seconds = time.perf_counter() - t0
 
         # 7. checkpoint and training state
         if due(step, rl.save_every, rl.steps):
             saved.append(checkpoint_dir(out_dir, step))
-            save_student(policy, processor, saved[-1])
+            with updater.gathered():
+                save_student(policy, processor, saved[-1])
             run.save(step, {})
         if on_log:
             n_tok = float(mask.sum())

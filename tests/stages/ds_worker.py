@@ -19,9 +19,35 @@ from protege.world.generate import generate_world
 from protege.world.questions import make_item
 
 
+def agent(out_dir: Path, zero_stage: int, steps: int, tag: str) -> None:
+    """The multi-turn loop with GTR-Turbo's KL guidance, its policy updated by DeepSpeed."""
+    from protege.rl.agent_loop import run_agent_rl
+    from tests.conftest import tiny_processor
+    from tests.stages.test_agent_rl import VarietyEnv, tiny_cfg
+
+    processor = tiny_processor.__wrapped__()
+    student = build_student(ModelConfig(), processor, seed=0)
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    base = tiny_cfg()
+    cfg = base.model_copy(update={"rl": base.rl.model_copy(update={"steps": steps, "backend": "deepspeed",
+                                                                   "zero_stage": zero_stage})})
+    logs = []
+    saved = run_agent_rl(student, processor, cfg, 64, out_dir / f"ckpt{tag}", seed=0,
+                         on_log=lambda s, m: logs.append(m), new_env=VarietyEnv)
+    from safetensors.torch import load_file
+
+    final = load_file(str(saved[-1] / "model.safetensors"))
+    changed = sorted(k for k in final if k in before and not torch.equal(final[k], before[k]))
+    (out_dir / f"rank0{tag}.json").write_text(json.dumps({"changed": len(changed), "steps": len(logs),
+                                                          "saved": [p.name for p in saved],
+                                                          "teacher": (saved[-1].parent / "merged-teacher").is_dir()}))
+
+
 def main(out: str, algorithm: str, zero_stage: int, steps: int = 2, stop_after: int | None = None,
          state: bool = False, tag: str = "") -> None:
     out_dir = Path(out)
+    if algorithm == "agent":
+        return agent(out_dir, zero_stage, steps, tag)
     rank = int(__import__("os").environ.get("RANK", 0))
     world_dir = out_dir / f"world-{rank}"
     generate_world(WorldConfig(n_train=16, n_rl=8, n_test=4), world_dir)

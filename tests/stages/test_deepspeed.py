@@ -41,6 +41,14 @@ def test_single_process_zero(tmp_path, algorithm, stage):
     assert r["steps"] == 2 and r["changed"] > 0
 
 
+def test_agent_loop_updates_through_zero3(tmp_path):
+    """The multi-turn loop under ZeRO-3: episodes are played, the merged teacher follows and checkpoints are
+    written with the weights gathered whole."""
+    [r] = launch(tmp_path, "agent", 3, 1)
+    assert r["steps"] == 2 and r["changed"] > 0
+    assert r["saved"] == ["step-00001", "step-00002"] and r["teacher"]
+
+
 def test_two_processes_stay_in_sync(tmp_path):
     r0, r1 = launch(tmp_path, "ril", 2, 2)
     assert r0["changed"] > 0 and r0["digest"] == r1["digest"]  # gradients averaged: identical weights
