@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from protege.eval.stats import percentile_ci
-from protege.rl.episodes import batch_to, pack_episodes, per_episode, play, sequence_logprobs
+from protege.rl.episodes import pack_episodes, per_episode, play
+from protege.rl.trajectory import token_logprobs
 from protege.rl.games import Game, env_factory, is_tool, sampling_for
 from protege.world.envs import eval_seed
 
@@ -30,8 +31,8 @@ def evaluate_agent(model, processor, cfg: Game, image_size: int, episodes: int |
         eps = play(model, processor, envs, seeds, greedy, device=device, context=cfg.context)
         batch = pack_episodes(processor, eps)
         if device is not None:
-            batch = batch_to(batch, device)
-        _, entropy = sequence_logprobs(model, batch, with_entropy=True)
+            batch = batch.to(device)
+        _, entropy = token_logprobs(model, batch, with_entropy=True)
         mask = batch.loss_mask.float()
         per_ep = per_episode((entropy * mask).sum(1), mask.sum(1), batch.owner, len(eps)).cpu().tolist()
         for s, e, h in zip(seeds, eps, per_ep):

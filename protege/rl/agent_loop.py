@@ -27,7 +27,7 @@ from protege.models.lora import is_lora
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.paths import checkpoint_dir, checkpoints
-from protege.rl.episodes import Episode, batch_to, pack_episodes, play, sequence_logprobs
+from protege.rl.episodes import Episode, pack_episodes, play
 from protege.rl.estimators import Returns, estimator
 from protege.rl.games import Game, env_factory, is_tool, max_turns, sampling_for
 from protege.rl.gtpo import token_advantages
@@ -38,6 +38,7 @@ from protege.rl.losses import policy_loss
 from protege.rl.merged_teacher import teacher_copy
 from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
+from protege.rl.trajectory import token_logprobs
 from protege.train.runtime.distributed import one_process
 from protege.train.runtime.placement import CPU, resolve_device
 from protege.train.runtime.run import Run, due
@@ -140,9 +141,9 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             eps = play(policy, processor, [new_env() for _ in seeds], seeds, sampling, device=device,
                        context=cfg.context)
         rollout_s = time.perf_counter() - t_roll
-        batch = batch_to(pack_episodes(processor, eps), device)
+        batch = pack_episodes(processor, eps).to(device)
         mask = batch.loss_mask.float()  # [N, T-1] the policy's own tokens (N rows: episodes, or their turns)
-        logp, entropy = sequence_logprobs(policy, batch, with_entropy=True)  # [N, T-1] each
+        logp, entropy = token_logprobs(policy, batch, with_entropy=True)  # [N, T-1] each
 
         # 3. rewards per turn and per episode; guidance terms shape them (GTPO's similarity bonus for failed
         # episodes, GTR-Turbo `kl`'s clamped KL to the merged teacher, both on the last turn)
@@ -162,7 +163,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         # the merged teacher's thoughts)
         if rl.kl_beta > 0:
             with torch.no_grad(), reference(policy, ref, device, device != CPU) as frozen:
-                logp_ref = sequence_logprobs(frozen, batch)
+                logp_ref = token_logprobs(frozen, batch)
         else:
             logp_ref = logp.detach()
         loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv_tokens, mask, clip_eps=rl.clip_eps,

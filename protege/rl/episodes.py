@@ -25,6 +25,7 @@ from PIL import Image
 
 from protege.generation.transformers_backend import Sampling, complete
 from protege.models.processor import StudentProcessor
+from protege.rl.trajectory import Trajectory
 
 
 class Env(Protocol):
@@ -179,21 +180,8 @@ def play(policy, processor: StudentProcessor, envs: Sequence[Env], seeds: Sequen
     return eps
 
 
-@dataclass
-class EpisodeBatch:
-    """Episodes as one right-padded training batch; position t of `logp` rows scores token t + 1."""
-    inputs: dict[str, torch.Tensor]     # input_ids / attention_mask [N, T] (+ vision)
-    loss_mask: torch.Tensor             # [N, T - 1] 1 where the target token is the policy's own
-    turn: torch.Tensor                  # [N, T - 1] the target token's turn (-1 on padding)
-    owner: torch.Tensor | None = None   # [N] the episode each row belongs to (pack_episodes)
-
-    @property
-    def n(self) -> int:
-        return self.loss_mask.shape[0]
-
-
-def pack(processor: StudentProcessor, seqs: Sequence[tuple[list[int], list[int], list[int], list]]) -> EpisodeBatch:
-    """(ids, loss mask, turn per token, images) per row -> one batch, right-padded."""
+def pack(processor: StudentProcessor, seqs: Sequence[tuple[list[int], list[int], list[int], list]]) -> Trajectory:
+    """(ids, loss mask, turn per token, images) per row -> one trajectory, right-padded."""
     T = max(len(ids) for ids, *_ in seqs)
     N = len(seqs)
     mask = torch.zeros((N, T), dtype=torch.long)
@@ -202,10 +190,10 @@ def pack(processor: StudentProcessor, seqs: Sequence[tuple[list[int], list[int],
         mask[i, :len(ids)] = torch.tensor(lm)
         turn[i, :len(ids)] = torch.tensor(tn)
     inputs = processor.assemble([ids for ids, *_ in seqs], [ims for *_, ims in seqs], padding_side="right")
-    return EpisodeBatch(inputs, mask[:, 1:], turn[:, 1:])
+    return Trajectory(inputs, mask[:, 1:], turn[:, 1:])
 
 
-def pack_episodes(processor: StudentProcessor, eps: Sequence[Episode]) -> EpisodeBatch:
+def pack_episodes(processor: StudentProcessor, eps: Sequence[Episode]) -> Trajectory:
     """Every row of every episode (one per episode, or one per turn under context "current")."""
     rows = [(r, i) for i, e in enumerate(eps) for r in e.rows()]
     batch = pack(processor, [r for r, _ in rows])
@@ -218,19 +206,3 @@ def per_episode(row_sums: torch.Tensor, row_counts: torch.Tensor, owner: torch.T
     num = torch.zeros(n, dtype=row_sums.dtype, device=row_sums.device).index_add_(0, owner, row_sums)
     den = torch.zeros(n, dtype=row_sums.dtype, device=row_sums.device).index_add_(0, owner, row_counts)
     return num / den.clamp(min=1)
-
-
-def sequence_logprobs(model, batch: EpisodeBatch, with_entropy: bool = False):
-    """log pi(x_{t+1} | x_<=t) for every position of the batch: [N, T - 1] (and the entropy there)."""
-    inputs = batch.inputs
-    out = model(**inputs, use_cache=False)
-    logp_all = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)  # [N, T-1, V]
-    logp = logp_all.gather(-1, inputs["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)  # [N, T-1]
-    if not with_entropy:
-        return logp
-    return logp, -(logp_all.exp() * logp_all).sum(-1)
-
-
-def batch_to(batch: EpisodeBatch, device: torch.device) -> EpisodeBatch:
-    return EpisodeBatch({k: v.to(device) for k, v in batch.inputs.items()}, batch.loss_mask.to(device),
-                        batch.turn.to(device), None if batch.owner is None else batch.owner.to(device))

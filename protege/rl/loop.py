@@ -27,10 +27,10 @@ from protege.paths import checkpoint_dir, checkpoints
 from protege.rl.estimators import Returns, estimator
 from protege.rl.group import build_group
 from protege.rl.guidance.discriminator import DiscriminatorSimilarity, QuestionStep
-from protege.rl.logprobs import completion_logprobs
 from protege.rl.losses import policy_loss
 from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
+from protege.rl.trajectory import from_completions, token_logprobs
 from protege.train.runtime.distributed import barrier, world
 from protege.train.runtime.placement import CPU, resolve_device, to_device
 from protege.train.runtime.run import Run, due, next_rows
@@ -210,15 +210,16 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
 
         # 5. one policy update (mu = 1): pi_old equals pi_theta before this step, so its log-probs (student
         #    and teacher tokens alike) are the detached current ones and the ratio starts at exactly 1
-        row_inputs = processor.repeat_rows(prompts, [r.image for r in batch_rows], per_q)
+        traj = from_completions(group, processor.repeat_rows(prompts, [r.image for r in batch_rows], per_q), processor,
+                                is_teacher)
         logp_ref = None
         if cfg.kl_beta > 0:  # with no KL term the reference forward would be wasted
             with torch.no_grad(), reference(policy, ref, device, offload_ref) as ref_model:
-                logp_ref = completion_logprobs(ref_model, group, row_inputs, processor)
-        logp, entropy = completion_logprobs(policy, group, row_inputs, processor, with_entropy=True)
+                logp_ref = token_logprobs(ref_model, traj)
+        logp, entropy = token_logprobs(policy, traj, with_entropy=True)
         if logp_ref is None:
             logp_ref = logp.detach()
-        mask = group.completion_mask.float()
+        mask = traj.loss_mask.float()  # [B, L] student and teacher answer tokens
         loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv.to(device), mask, clip_eps=cfg.clip_eps,
                                   kl_beta=cfg.kl_beta, aggregation="grpo" if cfg.algorithm == "grpo" else "dr_grpo",
                                   max_len=L_max)

@@ -14,10 +14,10 @@ import torch
 
 from protege.config import AgentConfig, result_params
 from protege.models.processor import StudentProcessor
-from protege.rl.episodes import (Episode, add_observation, add_policy_turn, batch_to, pack, sequence_logprobs,
-                                 start_episode)
+from protege.rl.episodes import Episode, add_observation, add_policy_turn, pack, start_episode
 from protege.rl.games import Game, expert_episodes
 from protege.rl.losses import thought_sft_loss
+from protege.rl.trajectory import token_logprobs
 from protege.train.runtime.distributed import one_process
 from protege.train.runtime.placement import resolve_device
 from protege.train.runtime.run import Run, due, next_rows
@@ -79,8 +79,8 @@ def train_agent_sft(model, processor: StudentProcessor, cfg: Game, image_size: i
     t0 = time.perf_counter()
     for step in range(start, sft.steps + 1):
         idx, order = next_rows(order, len(rows), sft.batch_size, rng)
-        batch = batch_to(pack(processor, [rows[i] for i in idx]), device)
-        loss = thought_sft_loss(sequence_logprobs(model, batch), batch.loss_mask.float())  # CE on the solver's turns
+        batch = pack(processor, [rows[i] for i in idx]).to(device)
+        loss = thought_sft_loss(token_logprobs(model, batch), batch.loss_mask.float())  # CE on the solver's turns
         updater.update(loss)
         last = {"loss": float(loss.detach()), "seconds": time.perf_counter() - t0}
         if on_log and due(step, sft.log_every, sft.steps):

@@ -7,7 +7,8 @@ import torch
 from PIL import Image
 
 from protege.generation.transformers_backend import Sampling
-from protege.rl.episodes import pack_episodes, play, sequence_logprobs
+from protege.rl.episodes import pack_episodes, play
+from protege.rl.trajectory import token_logprobs
 
 
 @dataclass
@@ -69,7 +70,7 @@ def test_play_episodes_of_different_lengths(tiny_student, tiny_processor):
     with torch.no_grad():
         inputs = batch.inputs
         out = tiny_student(**inputs, use_cache=False)
-        logp = sequence_logprobs(tiny_student, batch)
+        logp = token_logprobs(tiny_student, batch)
     logits = out.logits[:, :-1].clone()
     logits[..., tiny_processor.vision_token_ids] = float("-inf")  # generation never writes vision tokens
     pred = logits.argmax(-1)

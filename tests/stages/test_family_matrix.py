@@ -22,7 +22,7 @@ from protege.merging.streaming import merge_folders
 from protege.models.discriminator import Discriminator
 from protege.models.student import load_student, save_student
 from protege.rl.agent_loop import run_agent_rl
-from protege.rl.logprobs import completion_logprobs
+from protege.rl.trajectory import from_completions, token_logprobs
 from protege.rl.loop import RLInputs, run_rl
 from protege.train.disc_pretrain import Example, pretrain_discriminator
 from protege.train.sft import train_sft
@@ -63,7 +63,7 @@ def training_logprobs_equal_a_plain_forward(model, processor, rows) -> None:
     prompts = processor.encode_prompts([r.question for r in rows], ims)
     c = sample(model, processor, prompts, Sampling(do_sample=True, max_new_tokens=5))
     with torch.no_grad():
-        batched = completion_logprobs(model, c, processor.repeat_rows(prompts, ims, 1), processor)
+        batched = token_logprobs(model, from_completions(c, processor.repeat_rows(prompts, ims, 1), processor))
         for i, r in enumerate(rows):
             keep = prompts["attention_mask"][i].bool()
             n = int(c.completion_mask[i].sum())

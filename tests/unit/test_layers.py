@@ -14,7 +14,7 @@ LAYERS = {
     "models/data/world": ["protege.models", "protege.data", "protege.world", "protege.tools", "protege.merging",
                           "protege.rewards.judge", "protege.rewards.similarity", "protege.tracking"],
     "rollout/runtime": ["protege.generation", "protege.train.runtime", "protege.rl.episodes", "protege.rl.games",
-                        "protege.rl.group", "protege.rl.logprobs", "protege.rl.reference", "protege.teachers",
+                        "protege.rl.group", "protege.rl.trajectory", "protege.rl.reference", "protege.teachers",
                         "protege.rewards"],
     "algorithms": ["protege.rl", "protege.train", "protege.eval"],
     "stages": ["protege.stages", "protege.pipeline", "protege.lineage", "protege.pool", "protege.retrain",

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from protege.rl.episodes import Episode, EpisodeBatch
+from protege.rl.episodes import Episode
+from protege.rl.trajectory import Trajectory
 from protege.rl.estimators.base import Returns
 
 
@@ -18,7 +19,7 @@ class Step:
     """What a guidance term sees of one step, after the rollout and the policy's forward."""
     policy: torch.nn.Module
     episodes: list[Episode]
-    batch: EpisodeBatch          # the episodes packed for training (N rows)
+    batch: Trajectory            # the episodes packed for training (N rows)
     logp: torch.Tensor           # [N, T-1] the policy's log-probs of the batch (with grad)
     mask: torch.Tensor           # [N, T-1] 1.0 on the policy's own tokens
     device: torch.device

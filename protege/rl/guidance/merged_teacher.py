@@ -13,7 +13,8 @@ import torch
 from protege.generation.transformers_backend import Sampling, complete
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
-from protege.rl.episodes import Episode, EpisodeBatch, batch_to, pack, prompt_batch, sequence_logprobs
+from protege.rl.episodes import Episode, pack, prompt_batch
+from protege.rl.trajectory import Trajectory, token_logprobs
 from protege.rl.estimators.base import Returns
 from protege.rl.gtpo import add_final_turn_bonus
 from protege.rl.guidance.base import Guidance, Step
@@ -27,7 +28,7 @@ TEACHER_DIR = "merged-teacher"
 
 @dataclass
 class ThoughtBatch:
-    batch: EpisodeBatch
+    batch: Trajectory
     contexts: int          # observations the merged teacher answered
     parsed: int            # of which with a parseable action (the others teach nothing)
 
@@ -56,7 +57,7 @@ def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k:
         rows.append((seq, [0] * len(ids) + [1] * n_thought + [0] * (len(gen) - n_thought), [0] * len(seq), images))
     if not parsed:
         return None
-    return ThoughtBatch(batch_to(pack(processor, rows), device), len(contexts), parsed)
+    return ThoughtBatch(pack(processor, rows).to(device), len(contexts), parsed)
 
 
 class MergedTeacherGuidance(Guidance):
@@ -76,7 +77,7 @@ class MergedTeacherGuidance(Guidance):
     def shape(self, step: Step, returns: Returns) -> Returns:
         # the penalty is measured (and logged) under `sft` too; only `kl` takes it off the reward
         with torch.no_grad(), visiting(self.teacher, step.device, self.offload):
-            logp_m = sequence_logprobs(self.teacher, step.batch)
+            logp_m = token_logprobs(self.teacher, step.batch)
         logp, mask = step.logp.detach(), step.mask
         penalty = merged_kl_penalty(logp, logp_m, mask, self.gtr.kl_clamp, step.batch.owner,
                                     len(step.episodes)).cpu()  # [E]
@@ -96,7 +97,7 @@ class MergedTeacherGuidance(Guidance):
                                        self.sampling, self.rng, step.device)
         if thoughts is None:
             return None
-        sft = thought_sft_loss(sequence_logprobs(step.policy, thoughts.batch), thoughts.batch.loss_mask.float())
+        sft = thought_sft_loss(token_logprobs(step.policy, thoughts.batch), thoughts.batch.loss_mask.float())
         step.metrics.update(sft_loss=float(sft.detach()), teacher_parse_rate=thoughts.parsed / thoughts.contexts)
         return self.gtr.sft_coef * sft
 
