@@ -116,3 +116,34 @@ def test_current_context_makes_one_row_per_turn(tiny_student, tiny_processor):
     assert int(batch.loss_mask.sum()) == sum(sum(t.loss_mask) for e in eps for t in e.per_turn)
     with pytest.raises(ValueError, match="expected one of"):
         play(tiny_student, tiny_processor, [CountdownEnv()], [1], greedy, context="half")
+
+
+def test_an_answer_is_a_one_turn_episode_scored_as_a_packed_one(tiny_student, tiny_processor):
+    """The question loop's trajectory (left-padded prompt, targets after it) and the same tokens packed as
+    one-turn episodes (right-padded, targets from the second token) give each answer token the same log-prob."""
+    from protege.generation.transformers_backend import sample
+    from protege.rl.episodes import pack
+    from protege.rl.trajectory import from_completions
+
+    questions = ["What colour is the square?", "How many circles are there in the picture?"]
+    images = [Image.new("RGB", (64, 64), (200, 0, 0)), Image.new("RGB", (64, 64), (0, 0, 200))]
+    prompts = tiny_processor.encode_prompts(questions, images)
+    c = sample(tiny_student, tiny_processor, prompts, Sampling(do_sample=True, max_new_tokens=5))
+    traj = from_completions(c, tiny_processor.repeat_rows(prompts, images, 1), tiny_processor)
+    P = c.prompt_len
+    assert traj.start == P - 1 and traj.loss_mask.shape == (2, c.sequences.shape[1] - P)
+    assert torch.equal(traj.turn, torch.where(c.completion_mask.bool(), 0, -1)) and traj.owner.tolist() == [0, 1]
+    rows = []
+    for i in range(2):
+        keep = prompts["attention_mask"][i].bool()
+        n = int(c.completion_mask[i].sum())
+        prompt = c.sequences[i, :P][keep].tolist()
+        ids = prompt + c.sequences[i, P:P + n].tolist()
+        rows.append((ids, [0] * len(prompt) + [1] * n, [0] * len(ids), [images[i]]))
+    packed = pack(tiny_processor, rows)
+    with torch.no_grad():
+        a, b = token_logprobs(tiny_student, traj), token_logprobs(tiny_student, packed)
+    for i in range(2):
+        mine, theirs = a[i][traj.loss_mask[i].bool()], b[i][packed.loss_mask[i].bool()]
+        assert mine.numel() == int(c.completion_mask[i].sum()) > 0
+        assert torch.allclose(mine, theirs, atol=1e-4), (i, mine, theirs)
