@@ -492,9 +492,9 @@ class GTRConfig(Section):
 class GTPOConfig(Section):
     """GTPO (arXiv 2511.14846): turn-level discounted returns and code-similarity shaping of failed episodes."""
     gamma: float = Field(0.9, ge=0, le=1)             # R_ij = sum_{m>=j} gamma^(m-j) r_im
-    # which returns a turn's is normalised against: the group's (all turns), the batch's, or the group's at
-    # the same turn index
-    scope: Literal["group", "batch", "turn"] = "group"
+    # which returns a turn's is normalised against: the group's at the same turn index (turn j across the G
+    # episodes; the paper's text does not say, see README), the group's (all turns), or the batch's
+    scope: Literal["group", "batch", "turn"] = "turn"
     shaping_alpha: float = Field(0.5, ge=0, le=100)   # failed episode's final reward += alpha * mean cos to successes
     embedder: str | None = None                       # a local sentence-embedding model folder; null: hashing vectoriser
 
@@ -549,8 +549,11 @@ class ToolTaskConfig(Section):
                                                                 min_length=1)
     max_tool_calls: int = Field(2, ge=0, le=100)
     correct_reward: float = Field(1.0, ge=-1000, le=1000)
-    format_penalty: float = Field(-0.5, ge=-1000, le=1000)       # a turn with neither code nor a boxed answer
-    tool_error_penalty: float = Field(-0.2, ge=-1000, le=1000)   # on the turn whose code failed
+    # GTPO's format term: -0.1 for a turn with a format error (neither code nor a boxed answer) or no tool call
+    format_penalty: float = Field(-0.1, ge=-1000, le=1000)
+    no_tool_penalty: float = Field(-0.1, ge=-1000, le=1000)      # on a final answer no tool call came before
+    # on the turn whose code failed; GTPO has none (0), -0.2 was this project's own earlier default
+    tool_error_penalty: float = Field(0.0, ge=-1000, le=1000)
     tool_output_chars: int = Field(200, ge=1, le=1_000_000)      # tool output the model reads back
 
 

@@ -35,7 +35,8 @@ def tool_params(cfg: ToolConfig, image_size: int):
     t = cfg.task
     return ToolParams(image_size=image_size, max_tool_calls=t.max_tool_calls, kinds=tuple(t.kinds),
                       correct_reward=t.correct_reward, format_penalty=t.format_penalty,
-                      tool_error_penalty=t.tool_error_penalty, tool_output_chars=t.tool_output_chars)
+                      no_tool_penalty=t.no_tool_penalty, tool_error_penalty=t.tool_error_penalty,
+                      tool_output_chars=t.tool_output_chars)
 
 
 def env_factory(cfg: Game, image_size: int) -> Callable[[], object]:

@@ -149,7 +149,7 @@ def test_tool_study_defaults_and_the_gtpo_study_file(bare_project):
     gtpo = load_study(REPO / "studies/gtpo.yaml", bare_project)
     assert gtpo.task == "tool" and gtpo.baseline == "grpo" and len(gtpo.runs()) == 1 + 8 * 3
     scopes = {name: v.config.tool.rl.gtpo.scope for name, v in gtpo.variants.items()}
-    assert scopes["gtpo_g0.9"] == "group" and scopes["gtpo_g0.9_turn"] == "turn" and scopes["gtpo_g0.9_batch"] == "batch"
+    assert scopes["gtpo_g0.9"] == "turn" and scopes["gtpo_g0.9_group"] == "group" and scopes["gtpo_g0.9_batch"] == "batch"
     assert gtpo.variants["gtpo_g1.0_noshape"].config.tool.rl.gtpo.shaping_alpha == 0
     assert {c.metric for c in gtpo.claims} == {"accuracy", "runtime_errors"}
 

@@ -28,7 +28,9 @@ def fake(stdout="", exit_code=0, limit=None, ms=1.0):
     return Fixed()
 
 
-P = ToolParams()
+# penalties unlike the defaults and unlike each other, so that a test sees which one was given
+PENALTIES = dict(format_penalty=-0.5, no_tool_penalty=-0.3, tool_error_penalty=-0.2)
+P = ToolParams(**PENALTIES)
 WHITE = (255, 255, 255)
 # standard seven-segment digits, written out here independently of the env's table
 SEVEN = {"abcdef": 0, "bc": 1, "abdeg": 2, "abcdg": 3, "bcfg": 4, "acdfg": 5, "acdefg": 6, "abc": 7,
@@ -191,7 +193,7 @@ def test_extract_boxed_and_parse_int(text, boxed, value):
 
 
 def fixed_env(sandbox, kind="arithmetic", **kw):
-    params = ToolParams(kinds=(kind,), **kw)
+    params = ToolParams(kinds=(kind,), **{**PENALTIES, **kw})
     env = ToolEnv(params, sandbox)
     env.reset(seed_of(kind, params))
     return env
@@ -217,11 +219,11 @@ def test_rewards_of_a_tool_episode(sandbox):
 
 def test_wrong_unparsed_and_format_errors(sandbox):
     env = fixed_env(sandbox, "chart")
-    r = env.step(f"\\boxed{{{env.answer + 1}}}")
-    assert r.reward == 0.0 and r.done and r.info["parsed"] and r.info["legal"] and not r.info["success"]
+    r = env.step(f"\\boxed{{{env.answer + 1}}}")  # wrong, and no tool call before it
+    assert r.reward == P.no_tool_penalty and r.done and r.info["parsed"] and r.info["legal"] and not r.info["success"]
     env.reset(1)
     r = env.step("\\boxed{many}")
-    assert r.reward == 0.0 and r.done and not r.info["parsed"] and r.info["legal"] and r.info["answer"] == "many"
+    assert r.reward == P.no_tool_penalty and r.done and not r.info["parsed"] and r.info["legal"] and r.info["answer"] == "many"
     for text in ("I think it is 12.", "```python\nprint(1)", "", "boxed{12}"):
         env.reset(2)
         r = env.step(text)
@@ -245,7 +247,9 @@ def test_runtime_error_and_tool_budget(sandbox):
     r = env.step("```python\nprint(1)\n```")
     assert r.reward == P.format_penalty and r.done and not r.info["legal"]
     env.reset(3)
-    assert env.step(f"\\boxed{{{env.answer}}}").reward == 1.0
+    assert env.step(f"\\boxed{{{env.answer}}}").reward == 1.0  # no tool to call: no penalty for not calling it
+    env = fixed_env(sandbox, "count")
+    assert env.step(f"\\boxed{{{env.answer}}}").reward == 1.0 + P.no_tool_penalty  # right, but without the tool
 
 
 def test_tool_output_is_cut(sandbox):
@@ -300,7 +304,7 @@ def test_expert_texts(sandbox):
 
 def test_slip_episodes_fail_then_fix_the_import(sandbox):
     for kind in ("count", "arithmetic"):
-        params = ToolParams(kinds=(kind,))
+        params = ToolParams(kinds=(kind,), **PENALTIES)
         seed = next(s for s in range(1000) if draw_question(params, s).op == "product")
         turns = expert_episode(params, seed, sandbox, slip=True)
         env = ToolEnv(params, sandbox)
@@ -357,6 +361,7 @@ def test_solver_raises_when_the_sandbox_lies():
     ({"correct_reward": float("nan")}, "correct_reward"),
     ({"format_penalty": "bad"}, "format_penalty"),
     ({"tool_error_penalty": True}, "tool_error_penalty"),
+    ({"no_tool_penalty": float("inf")}, "no_tool_penalty"),
 ])
 def test_bad_params(kwargs, field):
     with pytest.raises(ValueError, match=f"ToolParams.{field}"):

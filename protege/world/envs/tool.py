@@ -15,9 +15,11 @@ Each turn the model either writes a python code block (the FIRST closed ```pytho
 block, see `extract_code`), which runs in the sandbox and whose output comes back as a text-only tool turn,
 or a final answer `\\boxed{N}` (see `extract_boxed` / `parse_int`), which ends the episode. A code block
 wins over a boxed answer in the same turn. Rewards per turn: 0 for a tool call that ran cleanly,
-`tool_error_penalty` for one that errored or hit a sandbox limit, `correct_reward` for a right final answer
-(0 for a wrong or unparseable one), `format_penalty` for a turn with neither a code block nor a boxed
-answer, or a code block once `max_tool_calls` are spent; those two end the episode as failed.
+`tool_error_penalty` for one that errored or hit a sandbox limit (0 by default, as in GTPO), `correct_reward`
+for a right final answer (0 for a wrong or unparseable one) plus `no_tool_penalty` when the episode answered
+without ever calling the tool (while it could), and `format_penalty` for a turn with neither a code block nor a
+boxed answer, or a code block once `max_tool_calls` are spent; those two end the episode as failed. GTPO's
+turn reward is correctness plus a format term: -0.1 for a format error or no tool call.
 
 Seeds: `reset(seed)` draws the question from `random.Random(seed)` alone, so the same seed and params always
 give the same question; train on `train_seed(i)`, evaluate on `eval_seed(i)` (the grid game's split).
@@ -82,8 +84,9 @@ class ToolParams:
     max_tool_calls: int = 2
     kinds: tuple[str, ...] = KINDS
     correct_reward: float = 1.0
-    format_penalty: float = -0.5      # a turn with neither a code block nor a boxed answer (or over budget)
-    tool_error_penalty: float = -0.2  # the code raised, exited non-zero or hit a sandbox limit
+    format_penalty: float = -0.1      # a turn with neither a code block nor a boxed answer (or over budget)
+    no_tool_penalty: float = -0.1     # added to the final answer's reward when no tool call came before it
+    tool_error_penalty: float = 0.0   # the code raised, exited non-zero or hit a sandbox limit (GTPO: none)
     tool_output_chars: int = 200      # the tool turn's text is cut to this (the student's context is short)
 
     def __post_init__(self) -> None:
@@ -111,7 +114,7 @@ class ToolParams:
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"ToolParams.kinds must not repeat a kind, got {kinds}")
         object.__setattr__(self, "kinds", kinds)
-        for name in ("correct_reward", "format_penalty", "tool_error_penalty"):
+        for name in ("correct_reward", "format_penalty", "no_tool_penalty", "tool_error_penalty"):
             value = getattr(self, name)
             if not _is_number(value):
                 raise ValueError(f"ToolParams.{name} must be a finite number, got {value!r}")
@@ -367,6 +370,8 @@ class ToolEnv:
             self._success = value is not None and value == question.answer
             info.update(parsed=value is not None, success=self._success)
             reward = p.correct_reward if self._success else 0.0
+            if self._tool_calls == 0 and p.max_tool_calls > 0:  # answered without the tool it was given
+                reward += p.no_tool_penalty
         else:  # no code and no answer, or code past the tool budget
             info.update(legal=False)
             reward = p.format_penalty
