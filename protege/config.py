@@ -480,12 +480,18 @@ class AgentSFTConfig(Section):
 class GTRConfig(Section):
     """GTR-Turbo: the merge of the running job's checkpoints as a free teacher."""
     guidance: Literal["none", "sft", "kl"] = "none"
-    merge: Literal["average", "ema", "ties"] = "average"  # cumulative average | EMA | TIES over task vectors
+    # cumulative average | EMA | TIES over every task vector | TIES of the last merge and the new checkpoint with
+    # weights (k-1)/(k+3) and 1/(k+3) (GTR-Turbo's code; see rl/merged_teacher.py)
+    merge: Literal["average", "ema", "ties", "ties_running"] = "average"
     ema_alpha: float = Field(0.1, gt=0, le=1)
     ties_density: float = Field(0.8, gt=0, le=1)
-    sft_coef: float = Field(0.1, ge=0, le=1000)      # weight of the CE on the merged model's thoughts
+    sft_coef: float = Field(1.0, ge=0, le=1000)      # weight of the CE on the merged model's thoughts
     sft_contexts: int = Field(16, ge=1, le=1_000_000)  # observations per step the merged model writes thoughts for
-    kl_coef: float = Field(1.0, ge=0, le=1000)       # reward -= kl_coef * mean clamp(log pi - log pi_merged, 0, 10)
+    # how the merged model samples the thoughts it teaches (GTR-Turbo's code: temperature 0.2, top-k 5)
+    teacher_temperature: float = Field(0.2, gt=0, le=100)
+    teacher_top_k: int = Field(5, ge=0, le=1_000_000)
+    # each turn's reward -= kl_coef * mean over its thought tokens of clamp(log pi - log pi_merged, 0, kl_clamp)
+    kl_coef: float = Field(1.0, ge=0, le=1000)
     kl_clamp: float = Field(10.0, gt=0, le=1000)
 
 
@@ -499,14 +505,27 @@ class GTPOConfig(Section):
     embedder: str | None = None                       # a local sentence-embedding model folder; null: hashing vectoriser
 
 
+class PPOConfig(Section):
+    """PPO over turns (GTR-Turbo's base, as RL4VLM): a value head on the policy, GAE, several epochs per batch."""
+    gamma: float = Field(0.9, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    clip_eps: float = Field(0.1, gt=0, lt=1)          # PPO's ratio clip (agent.rl.clip_eps is the GRPO family's)
+    epochs: int = Field(4, ge=1, le=1000)             # passes over each step's episodes
+    value_coef: float = Field(0.5, ge=0, le=1000)     # loss += value_coef * 0.5 * mean (V - GAE target)^2
+
+
 class AgentRLConfig(SamplingConfig):
-    # grpo | dr_grpo: one advantage per episode on all its tokens; gtpo: one per turn, from discounted returns
-    algorithm: Literal["grpo", "dr_grpo", "gtpo"] = "grpo"
+    # grpo | dr_grpo: one advantage per episode on all its tokens; gtpo: one per turn, from discounted returns;
+    # ppo: one per turn, from GAE with a value head on the policy (ppo section)
+    algorithm: Literal["grpo", "dr_grpo", "gtpo", "ppo"] = "grpo"
     advantage: str | None = Field(None, pattern=ADVANTAGE)  # the advantage estimator; null: the algorithm's own
     steps: int = Field(30, ge=1, le=10_000_000, **affects(LENGTH))
     seeds_per_step: int = Field(4, ge=1, le=1_000_000)   # layouts per step; each is played group_size times
     group_size: int = Field(4, ge=2, le=1024)
     lr: float = Field(1e-4, gt=0, le=10)
+    # constant, or cosine to 10% of lr by the last step (GTR-Turbo's code anneals its rate)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0, le=10_000_000)
     clip_eps: float = Field(0.2, gt=0, lt=1)
     kl_beta: float = Field(0.0, ge=0, le=1000)           # k3 KL to the SFT policy
     # lora: fresh adapters (model.lora); the merged teacher merges the adapted weights W + scale * B A
@@ -519,6 +538,14 @@ class AgentRLConfig(SamplingConfig):
     zero_stage: Literal[2, 3] = 2
     gtr: GTRConfig = GTRConfig()
     gtpo: GTPOConfig = GTPOConfig()
+    ppo: PPOConfig = PPOConfig()
+
+    @model_validator(mode="after")
+    def _ppo_on_torch(self):
+        if self.algorithm == "ppo" and self.backend != "torch":
+            raise ValueError("algorithm ppo trains its value head beside the policy with the torch updater; "
+                             "set backend: torch (DeepSpeed runs grpo, dr_grpo and gtpo)")
+        return self
 
     @field_validator("generation")
     @classmethod

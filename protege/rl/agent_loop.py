@@ -1,22 +1,26 @@
 """RL on multi-turn games (the visual grid game, the tool-use environment), optionally guided by GTR-Turbo's
-merged teacher, with episode-level (GRPO / Dr.GRPO) or turn-level (GTPO) advantages.
+merged teacher, with episode-level (GRPO / Dr.GRPO), turn-level (GTPO) or value-based (PPO) advantages.
 
 Per step: a few fresh layouts (questions), each played `group_size` times by the policy (multi-turn episodes:
-an image observation per turn, or a tool's output as the next turn); rewards per turn. grpo / dr_grpo: the
-episode's return (minus GTR-Turbo's KL penalty under `gtr.guidance: kl`) gives one group-relative advantage
-carried by every token the policy wrote. gtpo: failed episodes get a bonus for code like the group's
-successful code, each turn's discounted return is normalised over the group (or batch), and each turn's
-tokens carry their turn's advantage. One clipped update, plus under `gtr.guidance: sft` a cross-entropy on
-the thoughts the merged teacher writes for observations of this step; then the updated weights join the
-merged teacher. Read top to bottom: this is the whole algorithm. The advantages live in estimators/, the
-guidance terms (GTPO's shaping, GTR-Turbo's merged teacher) in guidance/, the losses in losses.py, the
-episodes in episodes.py, the games in games.py.
+an image observation per turn, or a tool's output as the next turn); rewards per turn, minus GTR-Turbo's
+per-turn KL to the merged teacher over the turn's thought tokens under `gtr.guidance: kl`. grpo / dr_grpo:
+the episode's return gives one group-relative advantage carried by every token the policy wrote. gtpo:
+failed episodes get a bonus for code like the group's successful code, each turn's discounted return is
+normalised over turn j of the group (or the group, or the batch), and each turn's tokens carry their turn's
+advantage. ppo: a value head on the policy gives each turn's V, GAE over the turns gives each turn's
+advantage, normalised over the batch. One clipped update (ppo: `ppo.epochs` of them, with the value loss),
+plus under `gtr.guidance: sft` a cross-entropy on the thoughts the merged teacher writes for observations of
+this step; then the updated weights join the merged teacher. Read top to bottom: this is the whole
+algorithm. The advantages live in estimators/, the guidance terms (GTPO's shaping, GTR-Turbo's merged
+teacher) in guidance/, the losses in losses.py, PPO's value head and GAE in ppo.py, the episodes in
+episodes.py, the games in games.py.
 """
 from __future__ import annotations
 
 import copy
 import random
 import time
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +39,7 @@ from protege.rl.guidance.base import Guidance, Step
 from protege.rl.guidance.merged_teacher import MergedTeacherGuidance
 from protege.rl.guidance.shaping import SimilarityShaping
 from protege.rl.losses import policy_loss
+from protege.rl.ppo import ValueHead, gae, scored_with_values, turn_values, value_loss
 from protege.rl.merged_teacher import teacher_copy
 from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
@@ -42,6 +47,7 @@ from protege.rl.trajectory import token_logprobs
 from protege.train.runtime.distributed import one_process
 from protege.train.runtime.placement import CPU, resolve_device
 from protege.train.runtime.run import Run, due
+from protege.train.runtime.schedule import lr_factor
 from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
 from protege.train.runtime.updaters import make_updater
 from protege.world.envs import EVAL_SEED_OFFSET, train_seed
@@ -49,8 +55,10 @@ from protege.world.envs import EVAL_SEED_OFFSET, train_seed
 
 def agent_fingerprint(cfg: Game, seed: int, inputs_digest: str = "") -> str:
     """Identifies the run a resume state belongs to: the settings config.py marks as changing results. Raising
-    rl.steps continues a finished run (constant LR); the final evaluation and the save cadence do not count."""
-    return fingerprint(result_params(cfg), seed, inputs_digest)
+    rl.steps continues a finished run under a constant LR; under a cosine schedule the step count shapes every
+    step's rate, so it counts. The final evaluation and the save cadence do not count."""
+    length = {"steps": cfg.rl.steps} if cfg.rl.schedule != "constant" else {}
+    return fingerprint({**result_params(cfg), **length}, seed, inputs_digest)
 
 
 def guidance_terms(rl, teacher: torch.nn.Module | None, policy: torch.nn.Module, processor, sampling,
@@ -61,7 +69,8 @@ def guidance_terms(rl, teacher: torch.nn.Module | None, policy: torch.nn.Module,
     if rl.algorithm == "gtpo":
         terms.append(SimilarityShaping(rl.gtpo.shaping_alpha, rl.gtpo.embedder))
     if teacher is not None:
-        terms.append(MergedTeacherGuidance(teacher, policy, rl.gtr, processor, sampling, rng, device))
+        teaching = replace(sampling, temperature=rl.gtr.teacher_temperature, top_k=rl.gtr.teacher_top_k)
+        terms.append(MergedTeacherGuidance(teacher, policy, rl.gtr, processor, teaching, rng, device))
     return terms
 
 
@@ -112,13 +121,19 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     teacher = teacher_copy(policy) if gtr.guidance != "none" else None
     policy.to(device)
     params = select_trainable(policy, rl.trainable)
+    # PPO: a value head on the policy's last hidden state, trained beside it by the same optimizer
+    head = ValueHead(policy.config.get_text_config().hidden_size).to(device) if rl.algorithm == "ppo" else None
     sampling = sampling_for(cfg, do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
     # before the updater: the merged teacher starts from the whole weights, which ZeRO-3 then partitions
     guidance = guidance_terms(rl, teacher, policy, processor, sampling, rng, device)
     section = "tool" if is_tool(cfg) else "agent"
-    updater = make_updater(rl.backend, policy, params, rl.lr, rl.zero_stage, device,  # constant LR
-                           key=f"{section}.rl.backend")
+    updater = make_updater(rl.backend, policy, params + ([] if head is None else list(head.parameters())), rl.lr,
+                           rl.zero_stage, device, key=f"{section}.rl.backend",
+                           lr_lambda=None if rl.schedule == "constant" and not rl.warmup_steps
+                           else (lambda i: lr_factor(i, rl)))
     parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
+    if head is not None:
+        parts["value_head"] = Weights(head)
     for term in guidance:
         parts.update(term.parts)
     L_max = rl.max_new_tokens * max_turns(cfg)  # Dr.GRPO's constant denominator: the longest possible episode
@@ -143,15 +158,20 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         rollout_s = time.perf_counter() - t_roll
         batch = pack_episodes(processor, eps).to(device)
         mask = batch.loss_mask.float()  # [N, T-1] the policy's own tokens (N rows: episodes, or their turns)
-        logp, entropy = token_logprobs(policy, batch, with_entropy=True)  # [N, T-1] each
-
-        # 3. rewards per turn and per episode; guidance terms shape them (GTPO's similarity bonus for failed
-        # episodes, GTR-Turbo `kl`'s clamped KL to the merged teacher, both on the last turn)
-        metrics: dict[str, float] = {}
-        seen = Step(policy, eps, batch, logp, mask, device, metrics)
         returns = torch.tensor([e.total_reward for e in eps])  # [E]
         r_turn, valid = turn_rewards(eps)  # [E, Tmax] each
-        rewards = Returns(r_turn, valid, G, total=returns)
+        values = None  # [E, Tmax] PPO's V of each turn's state
+        if head is None:
+            logp, entropy = token_logprobs(policy, batch, with_entropy=True)  # [N, T-1] each
+        else:
+            logp, entropy, v_tok = scored_with_values(policy, head, batch)  # [N, T-1] each
+            values = turn_values(v_tok.detach(), batch, *r_turn.shape).cpu()
+
+        # 3. rewards per turn and per episode; guidance terms shape them (GTPO's similarity bonus for failed
+        # episodes on the last turn, GTR-Turbo `kl`'s clamped KL to the merged teacher on each turn)
+        metrics: dict[str, float] = {}
+        seen = Step(policy, eps, batch, logp, mask, device, metrics)
+        rewards = Returns(r_turn, valid, G, total=returns, values=values)
         for term in guidance:
             rewards = term.shape(seen, rewards)
 
@@ -160,26 +180,37 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         adv_tokens = token_advantages(adv_turn.to(device), batch.owner, batch.turn, mask)  # [N, T-1]
 
         # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy), + guidance terms (GTR-Turbo `sft`: CE on
-        # the merged teacher's thoughts)
+        # the merged teacher's thoughts); PPO adds its value loss and takes ppo.epochs passes over the episodes
         if rl.kl_beta > 0:
             with torch.no_grad(), reference(policy, ref, device, device != CPU) as frozen:
                 logp_ref = token_logprobs(frozen, batch)
         else:
             logp_ref = logp.detach()
-        loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv_tokens, mask, clip_eps=rl.clip_eps,
-                                  kl_beta=rl.kl_beta, max_len=L_max,
-                                  # gtpo averages each sequence's tokens as grpo does
-                                  aggregation="dr_grpo" if rl.algorithm == "dr_grpo" else "grpo")
-        for term in guidance:
-            extra = term.loss(seen)
-            if extra is not None:
-                loss = loss + extra
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"agent RL loss is {loss.item()} at step {step}; last good checkpoint: "
-                                     f"{saved[-1] if saved else 'none (the starting model)'}")
+        logp_old = logp.detach()  # pi_old: the policy that played the episodes
+        if head is not None:
+            _, targets = gae(rewards.turn, values, valid, rl.ppo.gamma, rl.ppo.lam)  # [E, Tmax] V's targets
+        for k in range(rl.ppo.epochs if head is not None else 1):
+            if k:  # PPO's later passes score the same episodes under the moved policy
+                logp, entropy, v_tok = scored_with_values(policy, head, batch)
+            loss, stats = policy_loss(logp, logp_old, logp_ref, adv_tokens, mask,
+                                      clip_eps=rl.ppo.clip_eps if head is not None else rl.clip_eps,
+                                      kl_beta=rl.kl_beta, max_len=L_max,
+                                      # gtpo and ppo average each sequence's tokens as grpo does
+                                      aggregation="dr_grpo" if rl.algorithm == "dr_grpo" else "grpo")
+            if head is not None:
+                v_loss = value_loss(turn_values(v_tok, batch, *r_turn.shape), targets.to(device), valid.to(device))
+                metrics["value_loss"] = float(v_loss.detach())
+                loss = loss + rl.ppo.value_coef * v_loss
+            for term in guidance if k == 0 else []:  # a guidance term's loss once per step
+                extra = term.loss(seen)
+                if extra is not None:
+                    loss = loss + extra
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"agent RL loss is {loss.item()} at step {step}; last good checkpoint: "
+                                         f"{saved[-1] if saved else 'none (the starting model)'}")
+            updater.update(loss)
 
-        # 6. update; guidance terms follow the new weights (the merged teacher merges them in)
-        updater.update(loss)
+        # 6. guidance terms follow the new weights (the merged teacher merges them in)
         with updater.gathered():
             for term in guidance:
                 term.after_update(policy, metrics)
@@ -199,6 +230,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
                 "reward": float(rewards.episode.mean()), "return": float(returns.mean()),
                 "loss": float(loss.detach()), "kl_ref": float(stats["kl"]),
                 "clip_fraction": float(stats["clip_fraction"]), "rollout_s": rollout_s, "step_s": seconds,
+                "lr": updater.optimizer.param_groups[0]["lr"],
                 "tokens_per_episode": n_tok / len(eps)})
             on_log(step, metrics)
         if stop_after is not None and step >= stop_after:

@@ -64,23 +64,23 @@ def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tens
     return loss, stats
 
 
-def merged_kl_penalty(logp: torch.Tensor, logp_merged: torch.Tensor, mask: torch.Tensor,
-                      clamp_max: float = 10.0, owner: torch.Tensor | None = None,
-                      episodes: int | None = None) -> torch.Tensor:
-    """GTR-Turbo's KL guidance, per episode: the mean over its own tokens of clamp(log pi - log pi_M, 0, max).
+def merged_kl_penalty(logp: torch.Tensor, logp_merged: torch.Tensor, thought: torch.Tensor, turn: torch.Tensor,
+                      owner: torch.Tensor, episodes: int, turns: int, clamp_max: float = 10.0) -> torch.Tensor:
+    """GTR-Turbo's KL guidance, per (episode, turn): the mean over that turn's thought tokens of
+    clamp(log pi - log pi_M, 0, max), to be subtracted (times a coefficient) from that turn's reward.
 
-    logp, logp_merged, mask: [N, L] (the policy's sampled tokens) -> [N], one per row; with `owner` [N]
-    (the episode of each row, when an episode spans several rows) -> [episodes], the mean over all the
-    episode's tokens. Subtracted from the reward with a coefficient. The clamp keeps the penalty one-sided
-    and bounded: tokens the teacher likes more cost nothing.
+    logp, logp_merged: [N, L] log-probs of the policy's sampled tokens under the policy and the merged teacher;
+    thought: [N, L] 1 on the thought tokens of the policy's turns (the action excluded); turn: [N, L] each
+    target token's turn; owner: [N] the episode of each row -> [episodes, turns], 0 where a turn has no
+    thought token. The clamp keeps the penalty one-sided and bounded: tokens the teacher likes more cost
+    nothing.
     """
-    d = torch.clamp(logp - logp_merged, min=0.0, max=clamp_max) * mask  # [N, L]
-    sums, counts = d.sum(dim=1), mask.sum(dim=1)  # [N]
-    if owner is not None:
-        n = episodes if episodes is not None else int(owner.max()) + 1
-        sums = torch.zeros(n, dtype=d.dtype, device=d.device).index_add_(0, owner, sums)
-        counts = torch.zeros(n, dtype=d.dtype, device=d.device).index_add_(0, owner, counts)
-    return sums / counts.clamp(min=1)
+    d = torch.clamp(logp - logp_merged, min=0.0, max=clamp_max)  # [N, L]
+    keep = thought.bool() & (turn >= 0)  # [N, L]
+    cell = (owner.unsqueeze(1) * turns + turn.clamp(min=0))[keep]  # [K] flat (episode, turn) of each kept token
+    sums = torch.zeros(episodes * turns, dtype=d.dtype, device=d.device).index_add_(0, cell, d[keep])
+    counts = torch.zeros(episodes * turns, dtype=d.dtype, device=d.device).index_add_(0, cell, torch.ones_like(d[keep]))
+    return (sums / counts.clamp(min=1)).view(episodes, turns)
 
 
 def thought_sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,11 @@ After update k the trainable weights c_k join the merge. With pi_init the weight
 - `average`: M_k = ((k - 1) M_{k-1} + c_k) / k = (1/k) sum_{j<=k} c_j
 - `ema`:     M_k = (1 - alpha) M_{k-1} + alpha c_k, M_0 = pi_init
 - `ties`:    M_k = pi_init + TIES(c_1 - pi_init, ..., c_k - pi_init; density), every task vector weight 1
-M_0 = pi_init for all three. `ties` keeps every task vector (memory grows by one copy of the trainable
-weights per update, on the CPU); the other two keep one running copy. Nothing is ever dropped: the tests
+- `ties_running` (GTR-Turbo's code): M_k = pi_init + TIES(M_{k-1} - pi_init, c_k - pi_init; density) with
+  weights (k-1)/(k+3) and 1/(k+3) and no renormalisation: as if 4 copies of pi_init sat in the merge from the
+  start, so the teacher leaves pi_init slowly (M_1 = pi_init + (c_1 - pi_init)/4 where TIES keeps an entry)
+M_0 = pi_init for all. `ties` keeps every task vector (memory grows by one copy of the trainable weights per
+update, on the CPU); the others keep one running copy. Nothing is ever dropped: the tests
 check M_k against the closed form over all k checkpoints.
 """
 from __future__ import annotations
@@ -22,8 +25,8 @@ class MergedTeacher:
 
     def __init__(self, init: dict[str, torch.Tensor], method: str, ema_alpha: float = 0.1,
                  ties_density: float = 0.8):
-        if method not in ("average", "ema", "ties"):
-            raise ValueError(f"unknown merged-teacher method {method!r}; expected average, ema or ties")
+        if method not in ("average", "ema", "ties", "ties_running"):
+            raise ValueError(f"unknown merged-teacher method {method!r}; expected average, ema, ties or ties_running")
         self.method, self.alpha, self.density = method, ema_alpha, ties_density
         self.init = {k: v.detach().to("cpu", torch.float32).clone() for k, v in init.items()}
         self.merged = {k: v.clone() for k, v in self.init.items()}
@@ -44,6 +47,12 @@ class MergedTeacher:
                 self.merged[name] = self.merged[name] * ((k - 1) / k) + c / k
             elif self.method == "ema":
                 self.merged[name] = (1 - self.alpha) * self.merged[name] + self.alpha * c
+        if self.method == "ties_running":
+            w_prev, w_new = (k - 1) / (k + 3), 1 / (k + 3)
+            for name, w in weights.items():
+                tvs = torch.stack([self.merged[name] - self.init[name],
+                                   w.detach().to("cpu", torch.float32) - self.init[name]])  # [2, *shape]
+                self.merged[name] = self.init[name] + ties_merge(tvs, [w_prev, w_new], self.density, normalize=False)
         if self.method == "ties":
             self.task_vectors.append({n: w.detach().to("cpu", torch.float32) - self.init[n] for n, w in weights.items()})
             for name, base in self.init.items():

@@ -23,6 +23,7 @@ from protege.models.processor import StudentProcessor
 from protege.train.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
 from protege.train.runtime.placement import resolve_device, to_device
 from protege.train.runtime.run import Run, due, next_rows
+from protege.train.runtime.schedule import lr_factor
 from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
 from protege.train.runtime.updaters import make_updater
 
@@ -39,16 +40,6 @@ def answer_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 def answer_tokens(batch: dict[str, torch.Tensor]) -> int:
     """How many tokens answer_loss averages over: answer tokens that some earlier position predicts."""
     return int(batch["answer_mask"][:, 1:].sum())
-
-
-def lr_factor(step: int, cfg: SFTConfig) -> float:
-    """Linear warm-up over `warmup_steps`, then constant or cosine decay to 10% by the last step."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    if cfg.schedule == "constant":
-        return 1.0
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfig, seed: int,

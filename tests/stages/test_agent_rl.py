@@ -73,11 +73,14 @@ def test_merged_teacher_is_the_average_of_every_checkpoint(tiny_student, tiny_pr
     assert logs[0]["kl_merged"] == pytest.approx(0.0, abs=1e-6)  # M_0 = pi_init = the policy at step 1
 
 
-def test_resume_is_exact(tiny_processor, tmp_path):
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_resume_is_exact(tiny_processor, tmp_path, algorithm):
+    """PPO's value head and its moments are part of the state: a resumed run ends on the same weights."""
     from protege.config import ModelConfig
     from protege.models.student import build_student
 
-    cfg = tiny_cfg(merge="ema")
+    base = tiny_cfg(merge="ema" if algorithm == "grpo" else "ties_running")
+    cfg = base.model_copy(update={"rl": base.rl.model_copy(update={"algorithm": algorithm})})
     full = build_student(ModelConfig(), tiny_processor, seed=0)
     run_agent_rl(full, tiny_processor, cfg, 64, tmp_path / "a", seed=1, state_dir=tmp_path / "a" / "state",
                  new_env=VarietyEnv)
@@ -178,3 +181,63 @@ def test_a_multi_process_launch_is_refused_in_one_line(tiny_student, tiny_proces
         run_agent_rl(tiny_student, tiny_processor, tiny_cfg(), 64, tmp_path, seed=0)
     with pytest.raises(UserFacingError, match="the agent and tool warm starts train in one process"):
         train_agent_sft(tiny_student, tiny_processor, tiny_cfg(), 64, seed=0)
+
+
+def test_thought_mask_covers_each_turns_tokens_before_its_action(tiny_processor):
+    """GTR-Turbo's KL is paid on thought tokens only: the action and the end-of-turn token are left out, and a
+    turn with no parseable action is all thought."""
+    from protege.rl.episodes import pack
+    from protege.rl.guidance.merged_teacher import thought_mask
+
+    tok, eos = tiny_processor.tokenizer, tiny_processor.eos_token_id
+    prompt = tok("What is in the picture?", add_special_tokens=False)["input_ids"]
+    good = tok("I am at row 1. Action: up", add_special_tokens=False)["input_ids"] + [eos]
+    bad = tok("row row row", add_special_tokens=False)["input_ids"] + [eos]
+    ids = prompt + good + bad
+    traj = pack(tiny_processor, [(ids, [0] * len(prompt) + [1] * (len(good) + len(bad)),
+                                  [0] * (len(prompt) + len(good)) + [1] * len(bad), [])])
+    mask = thought_mask(traj, tiny_processor)[0].bool()
+    targets, own = traj.inputs["input_ids"][0, 1:], traj.loss_mask[0].bool()
+    first, second = own & (traj.turn[0] == 0), own & (traj.turn[0] == 1)
+    thought = tok.decode(targets[first & mask].tolist())
+    assert thought.strip() == "I am at row 1." and not (mask & ~own).any()
+    assert "up" in tok.decode(targets[first & ~mask].tolist())
+    assert int((second & mask).sum()) == len(bad) - 1
+
+
+def test_cosine_schedule_anneals_the_rate_and_its_step_count_joins_the_fingerprint(tiny_student, tiny_processor,
+                                                                                     tmp_path):
+    from protege.rl.agent_loop import agent_fingerprint
+
+    base = tiny_cfg()
+    cosine = base.model_copy(update={"rl": base.rl.model_copy(update={"schedule": "cosine", "steps": 3})})
+    logs = []
+    run_agent_rl(tiny_student, tiny_processor, cosine, 64, tmp_path / "out", seed=0,
+                 on_log=lambda s, m: logs.append(m["lr"]), new_env=VarietyEnv)
+    # the rate each step's update ran with is logged after it: 1e-3 * (0.1 + 0.45 * (1 + cos(pi * k / 3)))
+    import math
+    assert logs == pytest.approx([1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi * k / 3))) for k in (1, 2, 3)])
+    longer = cosine.model_copy(update={"rl": cosine.rl.model_copy(update={"steps": 6})})
+    assert agent_fingerprint(cosine, 0) != agent_fingerprint(longer, 0)
+    flat = base.model_copy(update={"rl": base.rl.model_copy(update={"steps": 6})})
+    assert agent_fingerprint(base, 0) == agent_fingerprint(flat, 0)  # constant: more steps continue the run
+
+
+def test_ppo_takes_its_epochs_and_learns_values(tiny_student, tiny_processor, tmp_path):
+    from protege.config import PPOConfig
+    from protege.rl.agent_loop import run_agent_rl as run
+
+    base = tiny_cfg()
+    cfg = base.model_copy(update={"rl": base.rl.model_copy(update={"algorithm": "ppo", "steps": 2,
+                                                                   "ppo": PPOConfig(epochs=3)})})
+    before = {k: v.clone() for k, v in tiny_student.state_dict().items()}
+    logs = []
+    run(tiny_student, tiny_processor, cfg, 64, tmp_path / "out", seed=0, on_log=lambda s, m: logs.append(m),
+        state_dir=tmp_path / "state", new_env=VarietyEnv)
+    assert len(logs) == 2 and all(m["value_loss"] > 0 for m in logs)
+    assert any(not torch.equal(v, before[k]) for k, v in tiny_student.state_dict().items())
+    # the value head started at V = 0 and was trained: its saved state is no longer all zeros
+    from safetensors.torch import load_file
+
+    head = load_file(str(tmp_path / "state" / "value_head.safetensors"))
+    assert any(t.abs().sum() > 0 for t in head.values())

@@ -17,6 +17,17 @@ def test_rloo_subtracts_the_mean_of_the_other_answers():
     assert torch.allclose(adv, torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0, 0.0]))
 
 
+def test_grpo_batch_scales_by_the_batch_std_not_each_groups():
+    # group 1: all succeed, KL noise of +-0.05; group 2: one success in two
+    r = Returns.single_turn(torch.tensor([0.95, 1.05, 1.0, 0.0]), group_size=2)
+    batch_std = torch.tensor([0.95, 1.05, 1.0, 0.0]).std()  # unbiased, over all four
+    adv = ESTIMATORS["grpo_batch"](r, AgentRLConfig()).flatten()
+    assert torch.allclose(adv, torch.tensor([-0.05, 0.05, 0.5, -0.5]) / (batch_std + 1e-4))
+    assert adv[:2].abs().max() < 0.2  # GRPO gives the noisy group -+1/sqrt(2), as much as a real success
+    assert torch.allclose(ESTIMATORS["grpo"](r, AgentRLConfig()).flatten()[:2], torch.tensor([-1.0, 1.0]) / math.sqrt(2),
+                          atol=0.01)
+
+
 def test_grpo_and_dr_grpo_carry_one_advantage_on_every_turn():
     # two episodes of one group: returns 1 and 0 over 2 and 1 turns
     r = Returns(torch.tensor([[0.0, 1.0], [0.0, 0.0]]), torch.tensor([[True, True], [True, False]]), group_size=2)
@@ -43,7 +54,7 @@ def test_the_algorithm_picks_the_estimator_unless_advantage_names_one():
     assert estimator(RLConfig(algorithm="ril")) is ESTIMATORS["dr_grpo"]  # RIL's group of 2G, Dr.GRPO's advantage
     assert estimator(RLConfig(algorithm="grpo")) is ESTIMATORS["grpo"]
     assert estimator(AgentRLConfig(algorithm="gtpo", advantage="rloo")) is ESTIMATORS["rloo"]
-    with pytest.raises(UserFacingError, match="'ppo': no such estimator; known: dr_grpo, grpo, gtpo, rloo"):
+    with pytest.raises(UserFacingError, match="'ppo': no such estimator; known: dr_grpo, grpo, grpo_batch, gtpo, rloo"):
         estimator(RLConfig(advantage="ppo"))
     with pytest.raises(ValueError, match="advantage"):
         RLConfig(advantage="../evil")

@@ -60,7 +60,18 @@ def test_ties_over_task_vectors_by_hand():
     assert len(m.task_vectors) == 3
 
 
-@pytest.mark.parametrize("method", ["average", "ema", "ties"])
+def test_ties_running_weighs_the_last_merge_against_the_new_checkpoint_by_hand():
+    m = MergedTeacher({"w": torch.zeros(4)}, "ties_running", ties_density=0.5)
+    m.add({"w": torch.tensor([4.0, -1.0, 0.5, -3.0])})   # weights 0 and 1/4; trimmed to [4, 0, 0, -3]
+    assert torch.allclose(m.merged["w"], torch.tensor([1.0, 0.0, 0.0, -0.75]))  # a quarter of the way
+    m.add({"w": torch.tensor([-2.0, 0.1, 5.0, -1.0])})   # weights 1/5 and 1/5; trimmed: [1, 0, 0, -0.75], [-2, 0, 5, 0]
+    # elected signs of 0.2 * [1, 0, 0, -0.75] + 0.2 * [-2, 0, 5, 0] = [-0.2, 0, 1, -0.15]: [-, 0, +, -];
+    # the agreeing entries times their weights, not renormalised: [0.2 * -2, 0, 0.2 * 5, 0.2 * -0.75]
+    assert torch.allclose(m.merged["w"], torch.tensor([-0.4, 0.0, 1.0, -0.15]))
+    assert m.task_vectors == []  # one running copy
+
+
+@pytest.mark.parametrize("method", ["average", "ema", "ties", "ties_running"])
 def test_state_round_trip(method):
     cs = checkpoints(4)
     a, b = MergedTeacher(INIT, method), MergedTeacher(INIT, method)
@@ -84,29 +95,33 @@ def test_load_into_writes_the_merge():
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="expected average, ema or ties"):
+    with pytest.raises(ValueError, match="expected average, ema, ties or ties_running"):
         MergedTeacher(INIT, "soup")
     m = MergedTeacher(INIT, "average")
     with pytest.raises(ValueError, match="differ"):
         m.add({"w": torch.zeros(4)})
 
 
-def test_kl_penalty_is_clamped_and_averaged_over_own_tokens():
-    logp = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -1.0, -9.0]])
-    logp_m = torch.tensor([[-2.0, -1.0, -20.5], [-4.0, -1.5, -1.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    # row 0: d = [1, -1 -> 0, 20 -> 10] -> mean 11/3; row 1: d = [1, 0.5] (third masked) -> 0.75
-    out = merged_kl_penalty(logp, logp_m, mask, clamp_max=10.0)
-    assert torch.allclose(out, torch.tensor([11 / 3, 0.75]))
+def test_kl_penalty_is_clamped_and_averaged_over_each_turns_thought_tokens():
+    logp = torch.tensor([[-1.0, -2.0, -0.5, -1.0], [-3.0, -1.0, -9.0, -1.0]])
+    logp_m = torch.tensor([[-2.0, -1.0, -20.5, -5.0], [-4.0, -1.5, -1.0, -1.0]])
+    thought = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])  # row 0's last token: its action
+    turn = torch.tensor([[0, 0, 1, 1], [0, 0, 0, -1]])
+    owner = torch.tensor([0, 1])
+    # episode 0, turn 0: d = [1, -1 -> 0] -> 0.5; turn 1: d = [20 -> 10] (the action's 4 left out) -> 10
+    # episode 1, turn 0: d = [1, 0.5] (the third token is no thought) -> 0.75; turn 1: nothing -> 0
+    out = merged_kl_penalty(logp, logp_m, thought, turn, owner, episodes=2, turns=2, clamp_max=10.0)
+    assert torch.allclose(out, torch.tensor([[0.5, 10.0], [0.75, 0.0]]))
 
 
-def test_kl_penalty_per_episode_spans_its_rows():
+def test_kl_penalty_of_an_episode_spread_over_rows():
+    # context "current": one row per turn, rows 0 and 1 are episode 0's turns 0 and 1, row 2 episode 1's turn 0
     logp = torch.tensor([[-1.0, -2.0], [-3.0, -1.0], [-1.0, -1.0]])
     logp_m = torch.tensor([[-2.0, -1.0], [-4.0, -3.0], [-1.0, -1.0]])
-    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
-    # episode 0 = rows 0 and 1: d = [1, 0] and [1, (2 masked)] -> 2 / 3; episode 1 = row 2: 0
-    out = merged_kl_penalty(logp, logp_m, mask, owner=torch.tensor([0, 0, 1]), episodes=2)
-    assert torch.allclose(out, torch.tensor([2 / 3, 0.0]))
+    thought = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    turn = torch.tensor([[0, 0], [1, 1], [0, 0]])
+    out = merged_kl_penalty(logp, logp_m, thought, turn, torch.tensor([0, 0, 1]), episodes=2, turns=2)
+    assert torch.allclose(out, torch.tensor([[0.5, 1.0], [0.0, 0.0]]))
 
 
 def test_thought_sft_loss_ignores_action_tokens():

@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from protege.errors import UserFacingError
-from protege.rl.estimators import dr_grpo, grpo, gtpo, rloo  # the registry line: one module per estimator
+from protege.rl.estimators import dr_grpo, gae, grpo, grpo_batch, gtpo, rloo  # the registry line: one module per estimator
 from protege.rl.estimators.base import Estimator, Returns
 
 # every module imported above that defines `estimate`, under its module name
@@ -20,8 +20,8 @@ __all__ = ["ESTIMATORS", "Returns", "estimator"]
 
 def estimator(cfg) -> Estimator:
     """The estimator an RL config section names: its `advantage`, else its algorithm's own (RIL's is Dr.GRPO's,
-    over the 2G group of student and teacher answers)."""
-    name = cfg.advantage or ("dr_grpo" if cfg.algorithm == "ril" else cfg.algorithm)
+    over the 2G group of student and teacher answers; PPO's is GAE with its value head)."""
+    name = cfg.advantage or {"ril": "dr_grpo", "ppo": "gae"}.get(cfg.algorithm, cfg.algorithm)
     if name not in ESTIMATORS:
         raise UserFacingError(f"advantage {name!r}: no such estimator; known: {', '.join(sorted(ESTIMATORS))} "
                               "(modules of protege/rl/estimators)")

@@ -19,6 +19,7 @@ class Returns:
     valid: torch.Tensor     # [E, T] bool, True on the episode's turns
     group_size: int         # G: rows per group
     total: torch.Tensor | None = None  # [E] each episode's credited return; None: the sum of its turn rewards
+    values: torch.Tensor | None = None  # [E, T] the value head's V of each turn's state (PPO), else None
 
     @property
     def episode(self) -> torch.Tensor:

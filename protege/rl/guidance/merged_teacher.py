@@ -1,5 +1,6 @@
 """GTR-Turbo's merged teacher as guidance: the running merge of the policy's checkpoints (merged_teacher.py)
-either costs each episode its clamped KL to the teacher on the reward (`kl`), or writes thoughts for
+either costs each turn its clamped KL to the teacher over the turn's thought tokens, on that turn's reward
+(`kl`, as GTR-Turbo's code: the action's tokens are left out), or writes thoughts for
 observations of this step that the policy learns by cross-entropy (`sft`). Either way the updated weights join
 the merge after every step, and the last teacher is saved beside the checkpoints."""
 from __future__ import annotations
@@ -16,7 +17,6 @@ from protege.models.student import save_student
 from protege.rl.episodes import Episode, pack, prompt_batch
 from protege.rl.trajectory import Trajectory, token_logprobs
 from protege.rl.estimators.base import Returns
-from protege.rl.gtpo import add_final_turn_bonus
 from protege.rl.guidance.base import Guidance, Step
 from protege.rl.losses import merged_kl_penalty, thought_sft_loss
 from protege.rl.merged_teacher import MergedTeacher, trainable_weights
@@ -31,6 +31,32 @@ class ThoughtBatch:
     batch: Trajectory
     contexts: int          # observations the merged teacher answered
     parsed: int            # of which with a parseable action (the others teach nothing)
+
+
+def tokens_before(tok, ids: list[int], cut: int) -> int:
+    """How many of `ids` decode to text within the first `cut` characters (the thought before the action)."""
+    n = 0
+    while n < len(ids) and len(tok.decode(ids[:n + 1])) <= cut:
+        n += 1
+    return n
+
+
+def thought_mask(traj: Trajectory, processor: StudentProcessor) -> torch.Tensor:
+    """[N, L] 1 on the thought tokens of each policy turn in `traj`: the turn's tokens before its action (the
+    end-of-turn token excluded), or all of them when the turn has no parseable action (all of it is thought)."""
+    tok, stops = processor.tokenizer, set(processor.stop_token_ids)
+    targets = traj.inputs["input_ids"][:, traj.start + 1:].cpu()  # [N, L]
+    own, turn = traj.loss_mask.bool().cpu(), traj.turn.cpu()
+    mask = torch.zeros(own.shape, dtype=torch.float32)
+    for r in range(own.shape[0]):
+        for j in turn[r][own[r]].unique().tolist():
+            pos = (own[r] & (turn[r] == j)).nonzero().flatten()  # the turn's tokens, in order
+            ids = targets[r, pos].tolist()
+            body = ids[:-1] if ids and ids[-1] in stops else ids
+            cut = action_start(tok.decode(body))
+            n = len(body) if cut is None else tokens_before(tok, body, cut)
+            mask[r, pos[:n]] = 1.0
+    return mask.to(traj.loss_mask.device)
 
 
 def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k: int, sampling: Sampling,
@@ -51,8 +77,7 @@ def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k:
         n_thought = 0
         if cut is not None:
             parsed += 1
-            while n_thought < len(body) and len(tok.decode(body[:n_thought + 1])) <= cut:
-                n_thought += 1
+            n_thought = tokens_before(tok, body, cut)
         seq = ids + gen
         rows.append((seq, [0] * len(ids) + [1] * n_thought + [0] * (len(gen) - n_thought), [0] * len(seq), images))
     if not parsed:
@@ -75,19 +100,21 @@ class MergedTeacherGuidance(Guidance):
         self.merged.load_into(self.teacher)
 
     def shape(self, step: Step, returns: Returns) -> Returns:
-        # the penalty is measured (and logged) under `sft` too; only `kl` takes it off the reward
+        # the penalty is measured (and logged) under `sft` too; only `kl` takes it off the rewards: each turn
+        # pays for its own thought tokens, before the returns and advantages are computed
         with torch.no_grad(), visiting(self.teacher, step.device, self.offload):
             logp_m = token_logprobs(self.teacher, step.batch)
-        logp, mask = step.logp.detach(), step.mask
-        penalty = merged_kl_penalty(logp, logp_m, mask, self.gtr.kl_clamp, step.batch.owner,
-                                    len(step.episodes)).cpu()  # [E]
+        logp, mask, batch = step.logp.detach(), step.mask, step.batch
+        E, T = returns.turn.shape
+        penalty = merged_kl_penalty(logp, logp_m, thought_mask(batch, self.processor), batch.turn, batch.owner,
+                                    E, T, self.gtr.kl_clamp).cpu() * returns.valid  # [E, T]
         step.metrics["kl_merged"] = float(((logp - logp_m) * mask).sum() / mask.sum().clamp(min=1))
-        step.metrics["kl_penalty"] = float(penalty.mean())
+        step.metrics["kl_penalty"] = float(penalty.sum() / returns.valid.sum().clamp(min=1))  # per turn
         if self.gtr.guidance != "kl":
             return returns
-        cost = self.gtr.kl_coef * penalty
-        return replace(returns, turn=add_final_turn_bonus(returns.turn, returns.valid, -cost),
-                       total=None if returns.total is None else returns.total - cost)
+        cost = self.gtr.kl_coef * penalty  # [E, T]
+        return replace(returns, turn=returns.turn - cost,
+                       total=None if returns.total is None else returns.total - cost.sum(1))
 
     def loss(self, step: Step) -> torch.Tensor | None:
         if self.gtr.guidance != "sft":

@@ -1,0 +1,19 @@
+"""PPO's advantage: generalized advantage estimation over turns with the value head's V (ppo.gamma,
+ppo.lam), normalised over every turn of the batch (GTR-Turbo / RL4VLM normalise over the rollout buffer)."""
+from __future__ import annotations
+
+import torch
+
+from protege.errors import UserFacingError
+from protege.rl.advantages import STD_EPS
+from protege.rl.estimators.base import Returns
+from protege.rl.ppo import gae
+
+
+def estimate(r: Returns, cfg) -> torch.Tensor:
+    p = getattr(cfg, "ppo", None)
+    if r.values is None or p is None:
+        raise UserFacingError("the gae advantage needs a value head: it is agent.rl.algorithm ppo's estimator")
+    adv, _ = gae(r.turn, r.values, r.valid, p.gamma, p.lam)  # [E, T]
+    on = adv[r.valid]
+    return torch.where(r.valid, (adv - on.mean()) / (on.std() + STD_EPS), torch.zeros_like(adv))  # [E, T]
