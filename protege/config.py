@@ -482,7 +482,7 @@ class GTRConfig(Section):
     guidance: Literal["none", "sft", "kl"] = "none"
     # cumulative average | EMA | TIES over every task vector | TIES of the last merge and the new checkpoint with
     # weights (k-1)/(k+3) and 1/(k+3) (GTR-Turbo's code; see rl/merged_teacher.py)
-    merge: Literal["average", "ema", "ties", "ties_running"] = "average"
+    merge: Literal["average", "ema", "ties", "ties_running"] = "ties_running"
     ema_alpha: float = Field(0.1, gt=0, le=1)
     ties_density: float = Field(0.8, gt=0, le=1)
     sft_coef: float = Field(1.0, ge=0, le=1000)      # weight of the CE on the merged model's thoughts

@@ -54,7 +54,7 @@ def test_the_algorithm_picks_the_estimator_unless_advantage_names_one():
     assert estimator(RLConfig(algorithm="ril")) is ESTIMATORS["dr_grpo"]  # RIL's group of 2G, Dr.GRPO's advantage
     assert estimator(RLConfig(algorithm="grpo")) is ESTIMATORS["grpo"]
     assert estimator(AgentRLConfig(algorithm="gtpo", advantage="rloo")) is ESTIMATORS["rloo"]
-    with pytest.raises(UserFacingError, match="'ppo': no such estimator; known: dr_grpo, grpo, grpo_batch, gtpo, rloo"):
+    with pytest.raises(UserFacingError, match="'ppo': no such estimator; known: dr_grpo, gae, grpo, grpo_batch, gtpo, rloo"):
         estimator(RLConfig(advantage="ppo"))
     with pytest.raises(ValueError, match="advantage"):
         RLConfig(advantage="../evil")

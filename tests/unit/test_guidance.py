@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import torch
 
 from protege.config import AgentRLConfig
+from protege.generation.transformers_backend import Sampling
 from protege.rl.agent_loop import guidance_terms
 from protege.rl.estimators import Returns
 from protege.rl.guidance.base import Guidance, Step
@@ -34,9 +35,11 @@ def test_the_terms_a_config_switches_on_and_their_order():
                           None, torch.device("cpu"))
     assert none == []
     both = guidance_terms(AgentRLConfig(algorithm="gtpo", gtr={"guidance": "kl"}), torch.nn.Linear(2, 2), policy,
-                          None, None, None, torch.device("cpu"))
+                          None, Sampling(do_sample=True, temperature=1.0, top_k=50), None, torch.device("cpu"))
     assert [type(t) for t in both] == [SimilarityShaping, MergedTeacherGuidance]  # shaping before the KL cost
     assert set(both[1].parts) == {"merged_teacher"}
+    # the merged teacher samples its thoughts at GTR-Turbo's temperature 0.2, top-k 5
+    assert (both[1].sampling.temperature, both[1].sampling.top_k, both[1].sampling.do_sample) == (0.2, 5, True)
 
 
 def test_a_term_does_nothing_unless_it_overrides_a_hook():
