@@ -126,7 +126,7 @@ def test_tool_study_reports_accuracy_and_runtime_errors_with_cis(project, monkey
     ({"claims": [{"better": "gtpo_g0.5", "than": "grpo", "metric": "success"}]}, "not a tool study's metric"),
     ({"claims": [{"better": "gtpo_g0.5", "than": "grpo", "metric": "world_test"}]}, "not a tool study's metric"),
     ({"variants": {"warm_start": {"train": False, "tool.rl.lr": 0.1}}}, "has no effect"),
-    ({"variants": {"grpo": {"tool.rl.algorithm": "ppo"}}}, "variants.grpo.tool.rl.algorithm"),
+    ({"variants": {"grpo": {"tool.rl.algorithm": "reinforce"}}}, "variants.grpo.tool.rl.algorithm"),
 ])
 def test_tool_study_file_errors(bare_project, tmp_path, change, message):
     from protege.study.spec import load_study
