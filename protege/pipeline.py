@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-
 from protege.dvc_lockfile import dvc_writing, parse_dvc_file, read_dvc_lock, read_dvc_yaml
 from protege.files import write_atomic
 from protege.tracking import PARENT_ENV

@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-
 from protege.dvc_lockfile import parse_dvc_file, read_dvc_lock, read_dvc_yaml
 from protege.files import file_md5
 

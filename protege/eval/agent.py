@@ -7,8 +7,8 @@ import torch
 
 from protege.eval.stats import percentile_ci
 from protege.rl.episodes import pack_episodes, per_episode, play
-from protege.rl.trajectory import token_logprobs
 from protege.rl.games import Game, env_factory, is_tool, sampling_for
+from protege.rl.trajectory import token_logprobs
 from protege.world.envs import eval_seed
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import copy
 import random
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,8 +39,8 @@ from protege.rl.guidance.base import Guidance, Step
 from protege.rl.guidance.merged_teacher import MergedTeacherGuidance
 from protege.rl.guidance.shaping import SimilarityShaping
 from protege.rl.losses import policy_loss
-from protege.rl.ppo import ValueHead, gae, scored_with_values, turn_values, value_loss
 from protege.rl.merged_teacher import teacher_copy
+from protege.rl.ppo import ValueHead, gae, scored_with_values, turn_values, value_loss
 from protege.rl.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.rl.trajectory import token_logprobs

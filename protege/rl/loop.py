@@ -245,7 +245,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         if on_log:
             mask = mask.cpu()
             n_tok = float(mask.sum())
-            s_rows, t_rows = ~is_teacher, is_teacher
+            s_rows, t_rows = ~traj.is_teacher, traj.is_teacher  # [B] student rows, teacher rows
             metrics.update({
                 "reward": rewards[s_rows].mean().item(), "answer_reward_student": answer[s_rows].mean().item(),
                 "loss": loss.item(), "kl": stats["kl"].item(), "clip_fraction": stats["clip_fraction"].item(),

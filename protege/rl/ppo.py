@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from protege.rl.trajectory import Trajectory
+from protege.rl.trajectory import Trajectory, logprobs_from_logits
 
 
 class ValueHead(torch.nn.Module):
@@ -29,10 +29,7 @@ def scored_with_values(model, head: ValueHead, traj: Trajectory):
     """One forward: log pi of every target token [N, L], the entropy there [N, L], and the value of the
     state each target token is written from [N, L] (position t's hidden state predicts token t + 1)."""
     out = model(**traj.inputs, use_cache=False, output_hidden_states=True)
-    logp_all = torch.log_softmax(out.logits[:, traj.start:-1].float(), dim=-1)  # [N, L, V]
-    targets = traj.inputs["input_ids"][:, traj.start + 1:]  # [N, L]
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    logp, entropy = logprobs_from_logits(out.logits, traj, with_entropy=True)  # [N, L] each
     values = head(out.hidden_states[-1][:, traj.start:-1])  # [N, L]
     return logp, entropy, values
 

@@ -46,8 +46,12 @@ def from_completions(c: Completions, prompt_inputs: dict[str, torch.Tensor], pro
 
 def token_logprobs(model, traj: Trajectory, with_entropy: bool = False):
     """log pi(x_{t+1} | x_<=t) at every scored position: [N, L] (and the entropy there, [N, L])."""
-    out = model(**traj.inputs, use_cache=False)
-    logp_all = torch.log_softmax(out.logits[:, traj.start:-1].float(), dim=-1)  # [N, L, V]
+    return logprobs_from_logits(model(**traj.inputs, use_cache=False).logits, traj, with_entropy)
+
+
+def logprobs_from_logits(logits: torch.Tensor, traj: Trajectory, with_entropy: bool = False):
+    """The scored positions of a forward's logits [N, T, V]: log pi of each target [N, L] (and the entropy)."""
+    logp_all = torch.log_softmax(logits[:, traj.start:-1].float(), dim=-1)  # [N, L, V]
     targets = traj.inputs["input_ids"][:, traj.start + 1:]  # [N, L]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if not with_entropy:

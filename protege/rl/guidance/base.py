@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from protege.rl.episodes import Episode
-from protege.rl.trajectory import Trajectory
 from protege.rl.estimators.base import Returns
+from protege.rl.trajectory import Trajectory
 
 
 @dataclass
