@@ -146,7 +146,10 @@ def test_thread_bomb(box, cap_holds, watch):
 
 
 def test_memory_bomb(box, watch):
-    o = run_corpus(box, "memory_bomb.py")
+    # its own CPU and wall limits, well above what zero-filling 256 MB takes: on a loaded machine the bomb
+    # could otherwise meet the shared 1-second CPU limit before the address-space one (seen once on CI)
+    roomy = Sandbox(dataclasses.replace(LIMITS, cpu_s=10, timeout_s=20))
+    o = run_corpus(roomy, "memory_bomb.py")
     assert o.limit == "memory" and o.tool_text() == "Error: memory limit exceeded"
 
 
