@@ -2,7 +2,8 @@
 
 A row: id, split, kind, question, answer, candidates (JSON list), options (JSON list), image (path
 relative to the parquet's folder), extra_images (optional JSON list of further image paths, for
-questions about several images), difficulty.
+questions about several images), difficulty, and target (optional): what SFT trains the student to say when
+that is not the bare reference answer, e.g. the answer in a teacher's phrasing ("B." for "B").
 """
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class Row:
     answer: str
     candidates: list[str]
     image: Image.Image | list[Image.Image]  # one image, or the list of a question's images in order
+    target: str | None = None  # the SFT target when it differs from `answer` (the judge's reference)
+
+    @property
+    def sft_target(self) -> str:
+        return self.target or self.answer
 
 
 _ERRNO = re.compile(r"^\[Errno \d+\]\s*")
@@ -94,11 +100,23 @@ def _open(path: Path) -> Image.Image:
         return im.convert("RGB")
 
 
+def _target(rec: dict, path: str | Path, row: int) -> str | None:
+    """A row's optional `target` column: a non-empty string, or empty / null for the reference answer."""
+    value = rec.get("target")
+    if value is None or (isinstance(value, float) and value != value):  # null, or NaN from pandas
+        return None
+    if not isinstance(value, str):
+        raise UserFacingError(f"{path}: row {row} (id {rec.get('id')!r}): column 'target' holds "
+                              f"{type(value).__name__} {value!r}; expected the SFT target as text (or null: the answer)")
+    return value or None
+
+
 def load_rows(path: str | Path) -> list[Row]:
     df = read_table(path)
     rows = []
-    for rec in df.to_dict("records"):
+    for i, rec in enumerate(df.to_dict("records")):
         images = [_open(image_path(path, rel)) for rel in image_paths(rec)]
         rows.append(Row(rec["id"], rec.get("kind", ""), rec["question"], rec["answer"],
-                        json.loads(rec.get("candidates") or "[]"), images[0] if len(images) == 1 else images))
+                        json.loads(rec.get("candidates") or "[]"), images[0] if len(images) == 1 else images,
+                        _target(rec, path, i)))
     return rows

@@ -71,7 +71,7 @@ def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfi
         idx, order = next_rows(order, len(rows), cfg.batch_size, rng)
         mine = idx[rank::world_size]  # every rank drew the same global batch
         batch = to_device(processor.encode_pairs([rows[i].question for i in mine], [rows[i].image for i in mine],
-                                                 [rows[i].answer for i in mine]), device)
+                                                 [rows[i].sft_target for i in mine]), device)
         local = answer_tokens(batch)
         total = int(all_reduce_sum(torch.tensor(local, device=device))) if world_size > 1 else local
         loss = global_mean_share(answer_loss(model, batch), local, total, world_size)

@@ -2,7 +2,9 @@
 
 Each split is balanced by construction: question kinds are dealt in shuffled rounds, and within a kind
 the target answers (option letters included) too, so no constant answer beats chance by more than
-one item's worth (none at all when a kind's count divides by its number of answers).
+one item's worth (none at all when a kind's count divides by its number of answers). The train split's
+`target` (the SFT target) alternates the two teachers' styles within each (kind, answer), so half of
+every answer is said each way; the other splits leave it null.
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ import pandas as pd
 
 from protege.config import WorldConfig
 from protege.world.questions import ANSWERS, KINDS, Deck, make_item
+from protege.world.teachers import STYLES, styled
 
 SPLITS = ("train", "rl", "val", "test")
 COLUMNS = ["id", "split", "kind", "family", "question", "answer", "candidates", "options", "image", "extra_images",
-           "difficulty"]
+           "difficulty", "target"]
 
 
 def split_sizes(cfg: WorldConfig) -> dict[str, int]:
@@ -45,6 +48,7 @@ def generate_split(cfg: WorldConfig, split: str, out_dir: Path, seen: set[tuple[
     kinds = Deck(rng, list(KINDS))
     targets = {k: Deck(rng, ANSWERS[k]) for k in KINDS}
     rows = []
+    said: dict[tuple[str, str], int] = {}  # (kind, answer) -> train rows so far: the next one's style
     for i in range(split_sizes(cfg)[split]):
         kind = kinds.deal()
         target = targets[kind].deal()
@@ -67,10 +71,15 @@ def generate_split(cfg: WorldConfig, split: str, out_dir: Path, seen: set[tuple[
             rel = Path("images") / split / (f"{item_id}.png" if k == 0 else f"{item_id}-{k + 1}.png")
             (out_dir / rel).write_bytes(png)
             rels.append(str(rel))
+        target = None
+        if split == "train":
+            n = said.get((item.kind, item.answer), 0)
+            said[(item.kind, item.answer)] = n + 1
+            target = styled(STYLES[n % len(STYLES)], item.answer)
         rows.append({"id": item_id, "split": split, "kind": item.kind, "family": item.family,
                      "question": item.question, "answer": item.answer, "candidates": json.dumps(item.candidates),
                      "options": json.dumps(item.options, ensure_ascii=False), "image": rels[0],
-                     "extra_images": json.dumps(rels[1:]), "difficulty": item.difficulty})
+                     "extra_images": json.dumps(rels[1:]), "difficulty": item.difficulty, "target": target})
     df = pd.DataFrame(rows, columns=COLUMNS)
     df.to_parquet(out_dir / f"{split}.parquet", index=False)
     return df

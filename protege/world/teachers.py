@@ -5,9 +5,10 @@ question kind: `error_rate` on the kinds they are strong at, `WEAK_FACTOR` times
 `concise` is strong at counting and charts, `verbose` at colours, shapes and comparisons, so the two
 teachers together know more than either alone. Both follow the benchmarks' instructions and state
 the answer first (a letter for multiple choice, the bare value otherwise): `concise` says only that,
-as the SFT student does, so a discriminator can tell its answers from the student's only by
-correctness; `verbose` ends its answer with a full stop, a style the student can take on in one token
-(sentences after the answer made the tiny student stop ending its answers under RIL: see dev/LOG.md).
+`verbose` ends its answer with a full stop (sentences after the answer made the tiny student stop ending
+its answers under RIL: see dev/LOG.md). The world's SFT targets come in both styles, half each (`styled`),
+so the SFT student speaks like both teachers and the pretrained discriminator starts near chance on style,
+as RIL's student starts with a similarity reward near 0.5 (its Fig. 5).
 Each answer is a pure function of (teacher, question id, sample index, seed), so a cache is exact.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-CONCISE = ["{a}"]  # the bare answer: what the student says, so only correctness tells them apart
+CONCISE = ["{a}"]  # the bare answer
 VERBOSE = ["{a}."]
 STYLES = ("concise", "verbose")
 STRONG = {"concise": {"count", "count_option", "chart_value", "chart_option"},
@@ -44,6 +45,13 @@ def scripted_answer(teacher: str, kind: str, answer: str, candidates: list[str],
         said = rng.choice(wrong)
     templates = CONCISE if teacher == "concise" else VERBOSE
     return rng.choice(templates).format(a=said)
+
+
+def styled(style: str, answer: str) -> str:
+    """`answer` in a teacher's phrasing (its first template): the world's SFT targets."""
+    if style not in STYLES:
+        raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
+    return (CONCISE if style == "concise" else VERBOSE)[0].format(a=answer)
 
 
 def behaviour_digest(teacher: str, error_rate: float, seed: int) -> str:

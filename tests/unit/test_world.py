@@ -171,3 +171,30 @@ def test_unknown_held_out_format_is_an_error():
 
     with pytest.raises(ValidationError, match="mmstr"):
         WorldConfig(sft_held_out_formats=["mmstr"])
+
+
+def test_sft_targets_say_each_answer_in_both_teachers_styles(tmp_path):
+    # the SFT student must speak like both teachers, so the pretrained discriminator starts near chance on style
+    world = generate_world(WorldConfig(n_train=360, n_rl=9, n_val=9, n_test=9), tmp_path)
+    train = world["train"]
+    assert train["target"].notna().all()
+    assert all(t in (a, a + ".") for a, t in zip(train["answer"], train["target"]))
+    for (kind, answer), group in train.groupby(["kind", "answer"]):
+        bare = int((group["target"] == answer).sum())
+        assert abs(bare - (len(group) - bare)) <= 1, (kind, answer, bare, len(group))
+    assert world["test"]["target"].isna().all() and world["rl"]["target"].isna().all()
+    rows = load_rows(tmp_path / "train.parquet")
+    assert [r.sft_target for r in rows] == list(train["target"]) and any(r.sft_target != r.answer for r in rows)
+    assert [r.sft_target for r in load_rows(tmp_path / "test.parquet")] == list(world["test"]["answer"])
+
+
+def test_a_target_that_is_not_text_names_the_row(tmp_path):
+    import pytest
+    from protege.errors import UserFacingError
+
+    world = generate_world(WorldConfig(n_train=9, n_rl=9, n_val=9, n_test=9), tmp_path)
+    df = world["train"].copy()
+    df["target"] = [None, None, None, 7, None, None, None, None, None]
+    df.to_parquet(tmp_path / "train.parquet", index=False)
+    with pytest.raises(UserFacingError, match=r"train.parquet: row 3 \(id 'train-000003'\): column 'target' holds "):
+        load_rows(tmp_path / "train.parquet")
