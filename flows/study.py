@@ -1,5 +1,6 @@
-"""The study flow: one task per pending (variant, seed) run, under the study's MLflow parent run, then the
-report. `protege study FILE` runs it; a finished run is not a task at all."""
+"""The study flow: one task per pending (part, variant, seed) run, under its study's MLflow parent run,
+then the reports (and, for a file with parts, the claims table). `protege study FILE` runs it; a finished
+run is not a task at all."""
 from __future__ import annotations
 
 import argparse
@@ -18,23 +19,25 @@ from prefect.futures import wait  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 import protege  # noqa: E402,F401  (offline settings)
-from tasks.study import open_study_run, pending_runs, report, start_services, stop_services, study_run  # noqa: E402
+from tasks.study import open_study_runs, pending_runs, report, start_services, stop_services, study_run  # noqa: E402
 
 
 @flow(name="protege-study", log_prints=True)
 def study(study_file: str, project_dir: str = ".") -> str:
     pending = pending_runs(study_file, project_dir)
-    parent = open_study_run(study_file, project_dir)
+    parents = open_study_runs(study_file, project_dir)
     pids = start_services(study_file, project_dir, pending)
     try:
-        futures = [study_run.submit(study_file, project_dir, variant, seed, parent) for variant, seed in pending]
+        futures = [study_run.submit(study_file, project_dir, part, variant, seed, parents[part])
+                   for part, variant, seed in pending]
         wait(futures)
     finally:
         stop_services(pids)
-    failed = [f"{v}/seed-{s}" for (v, s), f in zip(pending, futures) if not f.state.is_completed()]
-    path = report(study_file, project_dir, parent, failed)
+    failed = [run for run, f in zip(pending, futures) if not f.state.is_completed()]
+    path = report(study_file, project_dir, parents, failed)
     if failed:
-        raise RuntimeError(f"{len(failed)} run(s) failed: {', '.join(failed)}; re-run the study to retry them "
+        names = ", ".join(f"{p}:{v}/seed-{s}" if p else f"{v}/seed-{s}" for p, v, s in failed)
+        raise RuntimeError(f"{len(failed)} run(s) failed: {names}; re-run the study to retry them "
                            f"(finished runs are kept); report of the rest: {path}")
     return path
 

@@ -364,39 +364,52 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
           jobs: int = typer.Option(1, min=1, help="runs at once, each in its own process with one torch thread")
           ) -> None:
     """Train and evaluate every variant x seed of a study from the project's shared upstream artifacts, as
-    nested MLflow runs under one parent; report reports/study/NAME.{md,json,png} with CIs and verdicts."""
+    nested MLflow runs under one parent; report reports/study/NAME.{md,json,png} with CIs and verdicts. A file
+    with `parts:` runs its studies' runs in one queue and writes their claims in one table (its `report`)."""
     from protege.errors import UserFacingError
-    from protege.study.runner import check_upstream, plan
-    from protege.study.spec import describe, load_study
+    from protege.study.runner import check_upstream, finish_study, finish_suite, plan, read_open_study
+    from protege.study.spec import describe, load_suite
 
     try:
-        spec = load_study(file, project)
+        suite = load_suite(file, project)
     except ConfigError as exc:
         _fail(str(exc))
-    planned = plan(spec)
-    pending = [p for p in planned if not p.finished]
+    plans = {s.name: plan(s) for s in suite.studies}
+    pending = {s.name: [p for p in plans[s.name] if not p.finished] for s in suite.studies}
     if dry_run:
-        typer.echo(f"study {spec.name} ({file}): {len(spec.variants)} variants, seeds {spec.seeds}, baseline "
-                   f"{spec.baseline}; {len(planned)} runs, {len(planned) - len(pending)} finished, {len(pending)} to run"
-                   + (f"; every variant: {describe(spec.common)}" if spec.common else ""))
-        width = max(len(p.run.variant) for p in planned)
-        for p in planned:
-            what = ("train: false (SFT checkpoint)" if not p.run.train else
-                    describe(p.run.overrides, "(the common overrides only)" if spec.common else "(params as they are)"))
-            typer.echo(f"  {p.run.variant:<{width}}  seed {p.run.seed:<4} {'finished' if p.finished else 'to run  '}  "
-                       f"{what}")
-        try:
-            check_upstream(spec, [p.run for p in pending])
-        except UserFacingError as exc:
-            typer.echo(f"note: {exc}")
+        for spec in suite.studies:
+            planned, todo = plans[spec.name], pending[spec.name]
+            label = f"part {spec.part} ({spec.task})" if spec.part else f"study {spec.name} ({file})"
+            typer.echo(f"{label}: {len(spec.variants)} variants, seeds {spec.seeds}, baseline "
+                       f"{spec.baseline}; {len(planned)} runs, {len(planned) - len(todo)} finished, {len(todo)} to run"
+                       + (f"; every variant: {describe(spec.common)}" if spec.common else ""))
+            width = max(len(p.run.variant) for p in planned)
+            for p in planned:
+                what = ("train: false (SFT checkpoint)" if not p.run.train else
+                        describe(p.run.overrides, "(the common overrides only)" if spec.common else
+                                 "(params as they are)"))
+                typer.echo(f"  {p.run.variant:<{width}}  seed {p.run.seed:<4} {'finished' if p.finished else 'to run  '}"
+                           f"  {what}")
+            try:
+                check_upstream(spec, [p.run for p in todo])
+            except UserFacingError as exc:
+                typer.echo(f"note: {exc}")
         raise typer.Exit(0)
     try:
-        check_upstream(spec, [p.run for p in pending])
+        for spec in suite.studies:
+            check_upstream(spec, [p.run for p in pending[spec.name]])
     except UserFacingError as exc:
         _fail(str(exc), code=1)
+    if not any(pending.values()):
+        # nothing to train: the reports again, in seconds, without starting a flow
+        for spec in suite.studies:
+            finish_study(spec, read_open_study(spec))
+        if suite.has_parts:
+            finish_suite(suite)
+        raise typer.Exit(0)
     # the flow lives outside the library (the library never imports Prefect): run it as its own process
-    code = subprocess.call([sys.executable, "-m", "flows.study", "--study", str(spec.path), "--project",
-                            str(spec.project), "--jobs", str(jobs)], env=os.environ.copy())
+    code = subprocess.call([sys.executable, "-m", "flows.study", "--study", str(suite.path), "--project",
+                            str(suite.project), "--jobs", str(jobs)], env=os.environ.copy())
     raise typer.Exit(code)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from protege.stages.games import GAMES
 from protege.study.spec import GAME_METRICS, LOWER_IS_BETTER, Study, describe
-from protege.study.stats import Part, Run, paired_difference, summarize
+from protege.study.stats import Part, Run, paired_difference, summarize, verdict
 
 POINTS = {"start": "warm start", "end": "last RL checkpoint", "merged_teacher": "merged teacher"}
 
@@ -170,10 +170,11 @@ def build_agent_report(study: Study, results: dict[str, dict], failed: list[str]
     for c in study.claims:
         lower = c.metric in LOWER_IS_BETTER
         out = {"name": c.name, "better": c.better, "than": c.than, "metric": c.metric, "model": c.model,
-               "difference": f"{c.than} - {c.better}" if lower else f"{c.better} - {c.than}"}
+               "margin": c.margin, "difference": f"{c.than} - {c.better}" if lower else f"{c.better} - {c.than}"}
         d = (_diff(study, results, c.better, c.than, _point(c.model), c.metric) if lower else
              _diff(study, results, c.than, c.better, _point(c.model), c.metric))
-        out.update(d if d is not None else {"verdict": None, "missing": ["a seed finished on both sides"]})
+        out.update({**d, "verdict": verdict(d["ci"], c.margin)} if d is not None else
+                   {"verdict": None, "missing": ["a seed finished on both sides"]})
         claims.append(out)
     runs = []
     for run in study.runs():
@@ -270,7 +271,8 @@ def agent_markdown(report: dict) -> str:
                   "A claim \"A better than B\" is **reproduced** when the 95% CI of the paired difference lies above "
                   "0, **not reproduced** when it lies below 0 (B did better), **inconclusive** otherwise; the "
                   "difference is A - B, or B - A where lower is better (" +
-                  ", ".join(METRICS[m].name for m in LOWER_IS_BETTER if m in GAME_METRICS[game]) + ").", ""]
+                  ", ".join(METRICS[m].name for m in LOWER_IS_BETTER if m in GAME_METRICS[game]) + "). A claim with "
+                  "a margin m (\"A at least as good as B\") is judged the same way against -m instead of 0.", ""]
         for c in report["claims"]:
             m = METRICS[c["metric"]]
             lower = c["metric"] in LOWER_IS_BETTER

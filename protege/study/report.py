@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from protege.study.spec import GAME_TASKS, Study, describe
-from protege.study.stats import Part, Run, paired_difference, summarize
+from protege.study.stats import Part, Run, paired_difference, summarize, verdict
 
 HEADLINE = ("world_test", "benchmark_average")
 LABELS = {"world_test": "world test accuracy (%)", "benchmark_average": "benchmark average (14 mini)"}
@@ -68,7 +68,8 @@ def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> d
 
     claims = []
     for c in study.claims:
-        out = {"name": c.name, "better": c.better, "than": c.than, "metric": c.metric, "model": c.model}
+        out = {"name": c.name, "better": c.better, "than": c.than, "metric": c.metric, "model": c.model,
+               "margin": c.margin}
         better, better_seeds = _runs_of(study, results, c.better, c.model, c.metric)
         than, than_seeds = _runs_of(study, results, c.than, c.model, c.metric)
         diff = None
@@ -80,7 +81,7 @@ def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> d
             except ValueError:  # no seed has finished on both sides yet
                 pass
         if diff is not None:
-            out.update(diff)
+            out.update(diff, verdict=verdict(diff["ci"], c.margin))
         else:
             out.update({"verdict": None, "missing": [v for v, r in ((c.better, better), (c.than, than)) if not r]
                         or ["a seed finished on both sides"]})
@@ -148,7 +149,8 @@ def markdown(report: dict) -> str:
          f"split drawn with replacement, one draw shared by all seeds since every seed answers the same items). "
          f"Differences are paired by seed and by item. A claim \"A > B\" is **reproduced** when the CI of "
          f"A - B lies above 0, **not reproduced** when it lies below 0 (the opposite holds), and "
-         f"**inconclusive** when it touches or crosses 0."),
+         f"**inconclusive** when it touches or crosses 0. A claim \"A >= B\" with a margin m is judged the same "
+         f"way against -m instead of 0 (A is not worse than B by more than m points)."),
     ]
     if report["common"]:
         lines += ["", f"Overrides shared by every variant: `{describe(report['common'])}`."]

@@ -55,7 +55,7 @@ from protege.paths import (
     checkpoints,
 )
 from protege.stages.games import GAMES
-from protege.study.spec import GAME_TASKS, RunSpec, Study, load_study
+from protege.study.spec import GAME_TASKS, RunSpec, Study, Suite, load_study
 
 RESULT = "result.json"
 FINGERPRINT = "fingerprint"
@@ -365,8 +365,8 @@ def execute_agent(study: Study, planned: Planned, parent_run_id: str | None) -> 
 
 def worker_command(study: Study, run: RunSpec, parent_run_id: str | None, threads: int = 1) -> list[str]:
     return [sys.executable, "-m", "protege.study.runner", "--study", str(study.path), "--project", str(study.project),
-            "--variant", run.variant, "--seed", str(run.seed), "--parent", parent_run_id or "",
-            "--threads", str(threads)]
+            *(["--part", study.part] if study.part else []), "--variant", run.variant, "--seed", str(run.seed),
+            "--parent", parent_run_id or "", "--threads", str(threads)]
 
 
 def execute_isolated(study: Study, planned: Planned, parent_run_id: str | None, threads: int = 1) -> Path:
@@ -407,6 +407,14 @@ def open_study(study: Study) -> str:
     return parent
 
 
+def read_open_study(study: Study) -> str | None:
+    """The study's MLflow parent run as open_study last recorded it (None if it never ran)."""
+    try:
+        return json.loads((study.out_dir / STATE).read_text()).get("parent_run_id")
+    except (OSError, ValueError):
+        return None
+
+
 def finish_study(study: Study, parent_run_id: str | None, failed: list[str] | None = None) -> dict[str, Path]:
     """The report from every finished run (reports/study/<name>.{md,json,png}); closes the parent run."""
     from protege.study.report import build_report, headline_metrics, write_report
@@ -425,43 +433,82 @@ def finish_study(study: Study, parent_run_id: str | None, failed: list[str] | No
     return paths
 
 
-def run_study(study: Study, jobs: int = 1, isolated: bool = True) -> dict[str, Path]:
-    """The whole study without Prefect (the flow in flows/study.py does the same with one task per run):
-    pending runs one by one (or `jobs` at once, each in its own process), then the report."""
+def run_key(study: Study, run: RunSpec) -> str:
+    """A run's name across a file's parts: `<part>:<variant>/seed-<k>` (the variant's key in a one-study file)."""
+    return f"{study.part}:{run.key}" if study.part else run.key
+
+
+def run_study(study: Study | Suite, jobs: int = 1, isolated: bool = True) -> dict[str, Path]:
+    """The whole study (or every part of a file with parts) without Prefect (the flow in flows/study.py does
+    the same with one task per run): pending runs one by one (or `jobs` at once, each in its own process,
+    the parts' runs in one queue), then each part's report and the file's claims table."""
+    from contextlib import ExitStack
+
     from protege.study import services
 
-    planned = plan(study)
-    pending = [p for p in planned if not p.finished]
-    check_upstream(study, [p.run for p in pending])
-    for p in planned:
-        if p.finished:
-            say(f"{p.run.key}: finished earlier, skipped")
-            cleanup(study, p.folder)
-    parent = open_study(study)
-    failed: list[str] = []
+    suite = study if isinstance(study, Suite) else None
+    studies = suite.studies if suite else [study]
+    pending: list[tuple[Study, Planned]] = []
+    for s in studies:
+        planned = plan(s)
+        check_upstream(s, [p.run for p in planned if not p.finished])
+        for p in planned:
+            if p.finished:
+                say(f"{run_key(s, p.run)}: finished earlier, skipped")
+                cleanup(s, p.folder)
+            else:
+                pending.append((s, p))
+    parents = {s.name: open_study(s) for s in studies}
+    failed: dict[str, list[str]] = {s.name: [] for s in studies}
 
-    def one(p: Planned) -> None:
+    def one(item: tuple[Study, Planned]) -> None:
+        s, p = item
         try:
-            (execute_isolated if isolated else execute)(study, p, parent)
+            (execute_isolated if isolated else execute)(s, p, parents[s.name])
         except Exception as exc:  # the other runs go on; the study reports what finished and fails
-            failed.append(p.run.key)
-            say(f"{p.run.key}: FAILED: {exc}")
+            failed[s.name].append(p.run.key)
+            say(f"{run_key(s, p.run)}: FAILED: {exc}")
 
     try:
-        with services.running(study, [p.run.config for p in pending], log=say):
+        with ExitStack() as stack:
+            for s in studies:
+                stack.enter_context(services.running(s, [p.run.config for t, p in pending if t is s], log=say))
             if jobs > 1 and isolated:
                 with ThreadPoolExecutor(jobs) as pool:
                     list(pool.map(one, pending))
             else:
-                for p in pending:
-                    one(p)
+                for item in pending:
+                    one(item)
     except BaseException:
-        tracking.close_study_run(study.project, parent, "KILLED")
+        for s in studies:
+            tracking.close_study_run(s.project, parents[s.name], "KILLED")
         raise
-    paths = finish_study(study, parent, failed)
-    if failed:
-        raise RunFailed(f"{len(failed)} run(s) failed: {', '.join(failed)}; re-run the study to retry them "
+    paths = {}
+    for s in studies:
+        paths = finish_study(s, parents[s.name], failed[s.name])
+    if suite is not None and suite.has_parts:
+        paths = finish_suite(suite)
+    bad = [f"{s.part}:{k}" if s.part else k for s in studies for k in failed[s.name]]
+    if bad:
+        raise RunFailed(f"{len(bad)} run(s) failed: {', '.join(bad)}; re-run the study to retry them "
                         f"(finished runs are kept); report of the rest: {paths['md']}")
+    return paths
+
+
+def finish_suite(suite: Suite) -> dict[str, Path]:
+    """Every part's claims in one table (the file's `report`, e.g. reports/results.md, and its JSON beside
+    reports/study/<name>.md), from the parts' reports as finish_study last wrote them."""
+    from protege.study.results import suite_markdown
+
+    reports = {}
+    for s in suite.studies:
+        path = s.report_paths()["json"]
+        reports[s.part] = json.loads(path.read_text()) if path.exists() else None
+    paths = suite.report_paths()
+    paths["md"].parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(paths["json"], {"suite": suite.name, "file": str(suite.path), "parts": reports})
+    paths["md"].write_text(suite_markdown(suite, reports))
+    say(f"claims of {len(suite.studies)} parts: {paths['md']}")
     return paths
 
 
@@ -470,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="one run of a study")
     ap.add_argument("--study", required=True)
     ap.add_argument("--project", default=".")
+    ap.add_argument("--part", default=None, help="the study's key under `parts:` in a file with parts")
     ap.add_argument("--variant", required=True)
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--parent", default="")
@@ -478,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    study = load_study(args.study, args.project)
+    study = load_study(args.study, args.project, args.part)
     run = study.find_run(args.variant, args.seed)
     planned = next(p for p in plan(study) if p.run.key == run.key)
     try:

@@ -28,6 +28,20 @@ GRPO): variants may change `tool.rl.*`, `tool.eval_episodes` and `tool.eval_batc
 episode) or `entropy`. For `format_errors` and `runtime_errors` lower is better: a claim "A better than B"
 on them is reproduced when A has fewer.
 
+A file with `parts:` holds several studies (each a body as above, under its own key; the file's `seeds`
+and `bootstrap` are every part's unless it sets its own). `protege study` runs all their runs in one
+queue and writes every part's claims in one table (`report:`, e.g. reports/results.md):
+
+```yaml
+name: headline
+seeds: [1, 2, 3]
+report: reports/results.md
+parts:
+  ril: {task: qa, baseline: ril, variants: {...}, claims: [...]}
+  gtpo: {task: tool, baseline: grpo, variants: {...},
+         claims: [{better: gtpo, than: grpo, metric: accuracy, margin: 1.0}]}   # "gtpo >= grpo" within 1 point
+```
+
 Every variant is validated by the same schema as params.yaml (`protege.config.Config`). Variants share
 the project's upstream artifacts (world, SFT checkpoint, curated questions, teacher answers,
 discriminator, mini benchmarks), so they may only change `rl.*`, `merge.*` and `evaluate.*` (not
@@ -82,6 +96,8 @@ class ClaimSpec(_Strict):
     #                                        an agent study: success (default) | entropy | format_errors;
     #                                        a tool study: accuracy (default) | runtime_errors | tool_calls | entropy
     model: Literal["rl_final", "merged"] | None = None  # default: the study's model
+    margin: float = Field(0.0, ge=0)       # > 0: "better >= than": reproduced when the CI of better - than lies
+    #                                        above -margin (the metric's points), i.e. better is not worse by more
 
 
 class ServiceSpec(_Strict):
@@ -104,6 +120,15 @@ class StudyFile(_Strict):
     common: dict[str, Any] = {}
     claims: list[ClaimSpec] = []
     services: dict[str, ServiceSpec] = {}
+
+
+class SuiteFile(_Strict):
+    parts: dict[str, Any]                  # part name -> a study body (task, baseline, variants, claims, ...)
+    name: str | None = Field(None, pattern=NAME)
+    description: str = ""
+    seeds: list[int] | None = None         # every part's, unless the part sets its own
+    bootstrap: int | None = Field(None, ge=100)
+    report: str | None = None              # the claims of every part in one markdown table (in the project)
 
 
 @dataclass(frozen=True)
@@ -134,6 +159,7 @@ class Claim:
     than: str
     metric: str
     model: str
+    margin: float = 0.0
 
 
 @dataclass
@@ -152,6 +178,7 @@ class Study:
     claims: list[Claim]
     services: dict[str, ServiceSpec] = field(default_factory=dict)
     task: str = "qa"
+    part: str | None = None                # the key of this study in its file's `parts:` (None: the whole file)
 
     @property
     def out_dir(self) -> Path:
@@ -178,6 +205,28 @@ class Study:
             if run.variant == variant and run.seed == seed:
                 return run
         raise KeyError(f"{self.path}: no run {variant}/seed-{seed} in this study")
+
+
+@dataclass
+class Suite:
+    """A study file's studies: its parts (`parts:`, run together and reported in one table), or its one study."""
+    path: Path
+    project: Path
+    name: str
+    description: str
+    studies: list[Study]
+    report: Path | None                    # relative to the project; None: reports/study/<name>.md
+
+    def report_paths(self) -> dict[str, Path]:
+        md = self.project / (self.report or STUDY_DIR / f"{self.name}.md")
+        return {"md": md, "json": self.project / STUDY_DIR / f"{self.name}.json"}
+
+    @property
+    def has_parts(self) -> bool:
+        return any(s.part for s in self.studies)
+
+    def study(self, part: str | None) -> Study:
+        return next(s for s in self.studies if s.part == part)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -335,89 +384,157 @@ def _study_error(path: Path, err: ValidationError) -> str:
 # ---------------------------------------------------------------------------------------------- loading
 
 
-def load_study(path: str | Path, project: str | Path = ".") -> Study:
-    """Reads and validates a study file against the project's params.yaml; ConfigError (one line) if not."""
-    path, project = Path(path), Path(project).resolve()
+def _read(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: no such study file")
     raw, _ = read_yaml_file(path, "study file")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping (seeds, baseline, variants, ...) at the top level")
+    return raw
+
+
+def _suite_spec(path: Path, raw: dict) -> SuiteFile:
+    try:
+        return SuiteFile.model_validate(raw)
+    except ValidationError as err:
+        first = next((e for e in err.errors() if e["type"] == "extra_forbidden"), err.errors()[0])
+        key = ".".join(str(p) for p in first["loc"]) or "<root>"
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"{path}: unknown key '{key}' (allowed next to parts: "
+                              f"{', '.join(SuiteFile.model_fields)})") from None
+        raise ConfigError(f"{path}: key '{key}': {first['msg']} (got {first.get('input')!r})") from None
+
+
+def _part_body(path: Path, suite: SuiteFile, part: str) -> dict:
+    """A part's study body, with the suite's seeds and bootstrap unless the part sets its own."""
+    body = suite.parts[part]
+    if not isinstance(body, dict):
+        raise ConfigError(f"{path}: parts.{part} must be a study (task, baseline, variants, claims, ...)")
+    if "name" in body:
+        raise ConfigError(f"{path}: parts.{part}.name is not allowed: a part is named by its key "
+                          f"({suite.name or path.stem}.{part})")
+    inherited = {k: getattr(suite, k) for k in ("seeds", "bootstrap") if getattr(suite, k) is not None}
+    return {**inherited, **body, "name": f"{suite.name or path.stem}.{part}"}
+
+
+def load_study(path: str | Path, project: str | Path = ".", part: str | None = None) -> Study:
+    """Reads and validates a study file (or, with `part`, one part of a file with `parts:`) against the
+    project's params.yaml; ConfigError (one line) if not."""
+    path, project = Path(path), Path(project).resolve()
+    raw = _read(path)
+    if "parts" in raw:
+        suite = _suite_spec(path, raw)
+        if part is None:
+            raise ConfigError(f"{path}: holds parts ({', '.join(suite.parts)}): name one, or load the whole file "
+                              "with load_suite")
+        if part not in suite.parts:
+            raise ConfigError(f"{path}: no part '{part}' (parts: {', '.join(suite.parts)})")
+        return _build(path, project, _part_body(path, suite, part), f"{path} parts.{part}", part)
+    if part is not None:
+        raise ConfigError(f"{path}: has no parts, so there is no part '{part}'")
+    return _build(path, project, raw, str(path), None)
+
+
+def load_suite(path: str | Path, project: str | Path = ".") -> Suite:
+    """A study file as the studies it runs: its parts in file order (`parts:`), or the file's one study."""
+    path, project = Path(path), Path(project).resolve()
+    raw = _read(path)
+    if "parts" not in raw:
+        study = _build(path, project, raw, str(path), None)
+        return Suite(path.resolve(), project, study.name, study.description, [study], None)
+    suite = _suite_spec(path, raw)
+    if not suite.parts:
+        raise ConfigError(f"{path}: key 'parts' is empty: name at least one study")
+    for part in suite.parts:
+        if not isinstance(part, str) or not re.match(NAME, part):
+            raise ConfigError(f"{path}: parts.{part}: a part name may hold letters, digits, '_', '.', '-'")
+    studies = [_build(path, project, _part_body(path, suite, part), f"{path} parts.{part}", part)
+               for part in suite.parts]
+    report = None
+    if suite.report is not None:
+        report = Path(suite.report)
+        if report.is_absolute() or ".." in report.parts or report.suffix != ".md":
+            raise ConfigError(f"{path}: key 'report': expected a .md path inside the project, e.g. "
+                              f"reports/results.md (got {suite.report!r})")
+    return Suite(path.resolve(), project, suite.name or path.stem, suite.description, studies, report)
+
+
+def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -> Study:
     if isinstance(raw.get("seeds"), list) and not raw["seeds"]:
-        raise ConfigError(f"{path}: key 'seeds' is empty: list at least one seed (e.g. seeds: [1, 2, 3])")
+        raise ConfigError(f"{shown}: key 'seeds' is empty: list at least one seed (e.g. seeds: [1, 2, 3])")
     try:
         spec = StudyFile.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_study_error(path, err)) from None
+        raise ConfigError(_study_error(shown, err)) from None
     if len(set(spec.seeds)) != len(spec.seeds):
-        raise ConfigError(f"{path}: key 'seeds' lists a seed twice: {spec.seeds}")
+        raise ConfigError(f"{shown}: key 'seeds' lists a seed twice: {spec.seeds}")
     if not spec.variants:
-        raise ConfigError(f"{path}: key 'variants' is empty: name at least the baseline variant")
+        raise ConfigError(f"{shown}: key 'variants' is empty: name at least the baseline variant")
     for name in spec.variants:
         if not isinstance(name, str) or not re.match(NAME, name):
-            raise ConfigError(f"{path}: variants.{name}: a variant name may hold letters, digits, '_', '.', '-'")
+            raise ConfigError(f"{shown}: variants.{name}: a variant name may hold letters, digits, '_', '.', '-'")
     names = ", ".join(spec.variants)
     if spec.baseline not in spec.variants:
-        raise ConfigError(f"{path}: baseline '{spec.baseline}' is not a variant (variants: {names})")
+        raise ConfigError(f"{shown}: baseline '{spec.baseline}' is not a variant (variants: {names})")
     default_metric = GAME_METRICS[spec.task][0] if spec.task in GAME_TASKS else "benchmark_average"
     spec = spec.model_copy(update={"claims": [c.model_copy(update={"metric": c.metric or default_metric})
                                               for c in spec.claims]})
     for i, c in enumerate(spec.claims):
         for side in ("better", "than"):
             if getattr(c, side) not in spec.variants:
-                raise ConfigError(f"{path}: claims[{i}].{side} '{getattr(c, side)}' is not a variant (variants: {names})")
+                raise ConfigError(f"{shown}: claims[{i}].{side} '{getattr(c, side)}' is not a variant (variants: {names})")
         if c.better == c.than:
-            raise ConfigError(f"{path}: claims[{i}] compares '{c.better}' with itself")
+            raise ConfigError(f"{shown}: claims[{i}] compares '{c.better}' with itself")
         if spec.task in GAME_TASKS and c.metric not in GAME_METRICS[spec.task]:
             article = "an" if spec.task[0] in "aeiou" else "a"
-            raise ConfigError(f"{path}: claims[{i}].metric '{c.metric}' is not {article} {spec.task} study's metric "
+            raise ConfigError(f"{shown}: claims[{i}].metric '{c.metric}' is not {article} {spec.task} study's metric "
                               f"(expected {', '.join(GAME_METRICS[spec.task])})")
         if spec.task == "qa" and c.metric not in METRICS:
-            raise ConfigError(f"{path}: claims[{i}].metric '{c.metric}' is unknown (expected world_test, "
+            raise ConfigError(f"{shown}: claims[{i}].metric '{c.metric}' is unknown (expected world_test, "
                               f"benchmark_average or a benchmark: {', '.join(BENCHMARKS)})")
     ports = [s.port for s in spec.services.values()]
     if len(set(ports)) != len(ports):
-        raise ConfigError(f"{path}: two services share a port: {ports}")
+        raise ConfigError(f"{shown}: two services share a port: {ports}")
 
     params_file = project / "params.yaml"
     load_config(params_file)  # the project's own params must be valid first (its message names that file)
     params, _ = read_params(params_file)
-    common = expand(spec.common, "common", path)
+    common = expand(spec.common, "common", shown)
     check = _check_game_keys(spec.task) if spec.task in GAME_TASKS else _check_sections
-    check(common, "common", path)
+    check(common, "common", shown)
     variants = {}
     for name, body in spec.variants.items():
         where = f"variants.{name}"
         if body is not None and not isinstance(body, dict):
-            raise ConfigError(f"{path}: {where} must be a mapping of overrides (or {{}} for params as they are)")
-        own = expand(dict(body or {}), where, path)
+            raise ConfigError(f"{shown}: {where} must be a mapping of overrides (or {{}} for params as they are)")
+        own = expand(dict(body or {}), where, shown)
         train = own.pop("train", True)
         if not isinstance(train, bool):
-            raise ConfigError(f"{path}: {where}.train expects true or false (got {train!r})")
-        check(own, where, path)
+            raise ConfigError(f"{shown}: {where}.train expects true or false (got {train!r})")
+        check(own, where, shown)
         if not train:
             dead = [k for k in flatten(own) if k.split(".")[0] in ("rl", "merge")
                     or any(k.startswith(f"{t}.rl.") for t in GAME_TASKS)]
             if dead:
-                raise ConfigError(f"{path}: {where}.{dead[0]} has no effect: "
+                raise ConfigError(f"{shown}: {where}.{dead[0]} has no effect: "
                                   "train: false evaluates the SFT checkpoint without RL")
         merged = deep_merge(deep_merge(params, common), own)
         merged["seed"] = spec.seeds[0]
         try:
             cfg = Config.model_validate(merged)
         except ValidationError as err:
-            raise ConfigError(_explain(path, err, where, [(where, own), ("common", common)])) from None
+            raise ConfigError(_explain(shown, err, where, [(where, own), ("common", common)])) from None
         dump = cfg.model_dump()
         resolved = {k: _lookup(dump, k) for k in flatten(own)}
         variants[name] = Variant(name, train, resolved, cfg)
 
-    claims = [Claim(c.name or f"{c.better} > {c.than}", c.better, c.than, c.metric, c.model or spec.model)
-              for c in spec.claims]
+    claims = [Claim(c.name or f"{c.better} {'>=' if c.margin else '>'} {c.than}", c.better, c.than, c.metric,
+                    c.model or spec.model, c.margin) for c in spec.claims]
     return Study(path=path.resolve(), project=project, name=spec.name or path.stem, seeds=list(spec.seeds),
                  baseline=spec.baseline, model=spec.model, bootstrap=spec.bootstrap,
                  keep_checkpoints=spec.keep_checkpoints, description=spec.description,
                  common=flatten(common), variants=variants, claims=claims, services=dict(spec.services),
-                 task=spec.task)
+                 task=spec.task, part=part)
 
 
 def describe(overrides: dict[str, Any], empty: str = "(params as they are)") -> str:

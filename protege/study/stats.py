@@ -37,13 +37,14 @@ class Part:
 Run = dict[str, Part]                      # part name -> Part (a run's metric)
 
 
-def verdict(ci: tuple[float, float] | list[float]) -> str:
+def verdict(ci: tuple[float, float] | list[float], margin: float = 0.0) -> str:
     """A claim "B > A" from the CI of B - A: above zero -> reproduced; below zero -> not reproduced (the
-    opposite holds); a CI that touches or crosses zero -> inconclusive."""
+    opposite holds); a CI that touches or crosses zero -> inconclusive. With a margin m > 0 the claim is
+    "B >= A" (B is not worse than A by more than m): the same rule with -m in place of 0."""
     lo, hi = ci
-    if lo > 0:
+    if lo > -margin:
         return REPRODUCED
-    if hi < 0:
+    if hi < -margin:
         return NOT_REPRODUCED
     return INCONCLUSIVE
 

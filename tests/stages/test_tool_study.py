@@ -209,3 +209,62 @@ def test_fewer_runtime_errors_reproduces_the_claim(bare_project):
     md = markdown(report)
     assert "runtime-error rate, lower is better; grpo - gtpo_g0.5): **reproduced**, +70.0" in md
     assert "models/tool_sft" in md and "held-out questions" in md
+
+
+SUITE = """
+name: both
+seeds: [0]
+bootstrap: 200
+report: reports/results.md
+parts:
+  first:
+    task: tool
+    baseline: grpo
+    variants:
+      warm_start: {train: false}
+      grpo: {tool.rl.algorithm: grpo}
+    claims:
+      - {name: "GRPO beats its warm start", better: grpo, than: warm_start}
+  second:
+    task: tool
+    baseline: gtpo
+    variants:
+      gtpo: {tool.rl.algorithm: gtpo}
+      gtpo_g0.5: {tool.rl.algorithm: gtpo, tool.rl.gtpo.gamma: 0.5}
+    claims:
+      - {name: "gamma 0.9 at least as good as 0.5", better: gtpo, than: gtpo_g0.5, margin: 5.0}
+"""
+
+
+def test_a_file_with_parts_runs_in_one_queue_and_tabulates_every_claim(project, monkeypatch):
+    from typer.testing import CliRunner
+
+    from protege.cli import app
+    from protege.study.runner import plan, run_study
+    from protege.study.spec import load_suite
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (project / "suite.yaml").write_text(SUITE)
+    suite = load_suite(project / "suite.yaml", project)
+    paths = run_study(suite, isolated=False)
+    assert paths["md"] == project / "reports/results.md"
+    md = paths["md"].read_text()
+    table = [line for line in md.splitlines() if line.startswith("| first |") or line.startswith("| second |")]
+    assert len(table) == 2 and "GRPO beats its warm start" in table[0] and ">= (margin 5)" in table[1]
+    assert all(any(v in line for v in ("**reproduced**", "**not reproduced**", "**inconclusive**")) for line in table)
+    assert "## second: tool study `both.second`" in md and "accuracy" in md
+    combined = json.loads((project / "reports/study/both.json").read_text())
+    assert set(combined["parts"]) == {"first", "second"}
+    claim = combined["parts"]["second"]["claims"][0]
+    lo = claim["ci"][0]
+    assert claim["margin"] == 5.0 and claim["verdict"] == ("reproduced" if lo > -5 else
+                                                             "not reproduced" if claim["ci"][1] < -5 else "inconclusive")
+    for study in suite.studies:  # each part keeps its own report and run folders
+        assert (project / f"reports/study/{study.name}.md").exists()
+        assert all(p.finished for p in plan(study))
+    # nothing left to run: the CLI rewrites the reports without starting a flow
+    paths["md"].unlink()
+    monkeypatch.chdir(project)
+    res = CliRunner().invoke(app, ["study", "suite.yaml", "--project", str(project)])
+    assert res.exit_code == 0, res.output
+    assert paths["md"].read_text() == md and not (project / ".prefect").exists()

@@ -109,3 +109,78 @@ def test_running_without_upstream_artifacts_says_what_to_run(project, monkeypatc
     assert res.exit_code == 1
     assert "data/world/test.parquet" in res.output and "models/sft" in res.output and "make demo" in res.output
     assert not (project / ".prefect").exists()
+
+
+SUITE = """
+name: head
+seeds: [1, 2]
+report: reports/results.md
+parts:
+  ril:
+    baseline: ril
+    variants:
+      sft: {train: false}
+      ril: {rl.algorithm: ril}
+    claims:
+      - {better: ril, than: sft, metric: world_test}
+  tool:
+    task: tool
+    seeds: [5]
+    baseline: grpo
+    variants:
+      grpo: {tool.rl.algorithm: grpo}
+      gtpo: {tool.rl.algorithm: gtpo}
+    claims:
+      - {better: gtpo, than: grpo, margin: 1.5}
+"""
+
+
+def test_a_file_with_parts_is_one_study_per_part(project):
+    from protege.study.spec import load_suite
+
+    suite = load_suite(write(project, SUITE), project)
+    ril, tool = suite.studies
+    assert suite.name == "head" and suite.has_parts and [s.part for s in suite.studies] == ["ril", "tool"]
+    assert ril.name == "head.ril" and ril.seeds == [1, 2] and ril.task == "qa"
+    assert tool.seeds == [5] and tool.task == "tool"  # a part's own seeds win over the file's
+    assert tool.claims[0].margin == 1.5 and tool.claims[0].name == "gtpo >= grpo" and tool.claims[0].metric == "accuracy"
+    assert ril.run_folder(ril.find_run("ril", 2)) == project / "reports/study/head.ril/runs/ril/seed-2"
+    assert suite.report_paths()["md"] == project / "reports/results.md"
+    assert load_study(project / "s.yaml", project, "tool").find_run("gtpo", 5).config.tool.rl.algorithm == "gtpo"
+    with pytest.raises(ConfigError, match="holds parts \\(ril, tool\\)"):
+        load_study(project / "s.yaml", project)
+    with pytest.raises(ConfigError, match="no part 'agent'"):
+        load_study(project / "s.yaml", project, "agent")
+
+
+@pytest.mark.parametrize("change, expected", [
+    (("report: reports/results.md", "colour: red"), "s.yaml: unknown key 'colour' (allowed next to parts"),
+    (("report: reports/results.md", "report: /tmp/r.md"), "s.yaml: key 'report': expected a .md path"),
+    (("ril: {rl.algorithm: ril}", "ril: {rl.algorithmm: ril}"), "s.yaml parts.ril: unknown key 'variants.ril.rl.algorithmm'"),
+    (("gtpo: {tool.rl.algorithm: gtpo}", "gtpo: {rl.steps: 3}"), "s.yaml parts.tool: variants.gtpo.rl.steps is not allowed"),
+    (("margin: 1.5", "margin: -1"), "s.yaml parts.tool: key 'claims.0.margin'"),
+    (("than: sft", "than: nobody"), "s.yaml parts.ril: claims[0].than 'nobody' is not a variant"),
+    (("  tool:\n    task: tool", "  tool:\n    name: x\n    task: tool"), "s.yaml: parts.tool.name is not allowed"),
+])
+def test_bad_key_in_a_file_with_parts_is_one_line(project, change, expected):
+    from protege.study.spec import load_suite
+
+    old, new = change
+    assert old in SUITE
+    path = write(project, SUITE.replace(old, new))
+    with pytest.raises(ConfigError) as exc:
+        load_suite(path, project)
+    msg = str(exc.value)
+    assert expected in msg and msg.startswith(str(path)) and "\n" not in msg, msg
+
+
+def test_the_headline_study_file_loads_against_the_project_params(project):
+    from protege.study.spec import load_suite
+
+    shutil.copy(REPO / "studies/headline.yaml", project / "headline.yaml")
+    suite = load_suite(project / "headline.yaml", project)
+    assert [(s.part, s.task) for s in suite.studies] == [("ril", "qa"), ("gtr_turbo", "agent"), ("gtpo", "tool")]
+    assert all(s.seeds == [1, 2, 3] for s in suite.studies)
+    ril = suite.study("ril")
+    visits = ril.find_run("ril", 1).config.rl.steps * ril.find_run("ril", 1).config.rl.questions_per_step
+    assert visits == 9600 and suite.report_paths()["md"] == project / "reports/results.md"

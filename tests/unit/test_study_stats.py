@@ -95,3 +95,11 @@ def test_benchmark_average_is_the_mean_of_benchmarks_and_macro_is_over_categorie
 def test_bootstrap_is_deterministic_for_a_seed():
     runs = [run([1, 0, 1, 0, 1]), run([0, 0, 1, 1, 1])]
     assert summarize(runs, seed=3) == summarize(runs, seed=3)
+
+
+def test_verdict_with_a_margin_is_non_inferiority():
+    # "B >= A" within 1 point: the CI of B - A against -1 instead of 0
+    assert verdict([-0.9, 2.0], margin=1.0) == "reproduced"
+    assert verdict([-1.0, 2.0], margin=1.0) == "inconclusive"  # touching -m is not above it
+    assert verdict([-3.0, -1.1], margin=1.0) == "not reproduced"
+    assert verdict([-0.9, 2.0]) == "inconclusive"  # the same CI without a margin

@@ -1,0 +1,111 @@
+"""The claims of every part of a study file in one markdown table (`make results` -> reports/results.md):
+per claim the measured difference, its 95% CI and the verdict, then the figures behind each verdict (the
+compared variants' own scores, and where the run started from), read from the parts' reports."""
+from __future__ import annotations
+
+from protege.study.spec import GAME_TASKS, Suite
+
+QA_METRICS = ("world_test", "benchmark_average")
+
+
+def _metric_name(task: str, metric: str) -> str:
+    if task in GAME_TASKS:
+        from protege.study.agent_report import METRICS
+
+        return METRICS[metric].label
+    from protege.study.report import LABELS
+
+    return LABELS.get(metric, f"{metric} score")
+
+
+def _digits(task: str, metric: str) -> int:
+    if task in GAME_TASKS:
+        from protege.study.agent_report import METRICS
+
+        return METRICS[metric].digits
+    return 1
+
+
+def _fmt(s: dict | None, digits: int, signed: bool = False) -> str:
+    if not s:
+        return "—"
+    v = s["diff"] if "diff" in s else s["mean"]
+    f = f"{{:{'+' if signed else ''}.{digits}f}}"
+    return f"{f.format(v)} [{f.format(s['ci'][0])}, {f.format(s['ci'][1])}]"
+
+
+def _claim_row(part: str, task: str, c: dict) -> str:
+    digits = _digits(task, c["metric"])
+    relation = f">= (margin {c['margin']:g})" if c.get("margin") else ">"
+    what = f"{c['name']} (`{c['better']}` {relation} `{c['than']}`)"
+    if c.get("verdict") is None:
+        missing = ", ".join(c.get("missing", [])) or "runs"
+        return f"| {part} | {what} | {_metric_name(task, c['metric'])} | — | — | no result yet ({missing} unfinished) |"
+    difference = c.get("difference", f"{c['better']} - {c['than']}")
+    return (f"| {part} | {what} | {_metric_name(task, c['metric'])} | {difference}: "
+            f"{c['diff']:+.{digits}f} | [{c['ci'][0]:+.{digits}f}, {c['ci'][1]:+.{digits}f}] "
+            f"({len(c.get('pairs', []))} seed pairs) | **{c['verdict']}** |")
+
+
+def _figures(report: dict) -> list[str]:
+    """Each variant's own scores: what a verdict rests on (a tie at a ceiling, a collapse, a start that
+    leaves no headroom)."""
+    task = report.get("task", "qa")
+    out = []
+    for name, v in report["variants"].items():
+        m = v["metrics"]
+        if task in GAME_TASKS:
+            end = report["end"]
+            keys = [k for k in ("success", "accuracy", "entropy", "format_errors", "runtime_errors", "tool_calls")
+                    if f"{k}.start" in m or f"{k}.{end}" in m]
+            cells = []
+            for k in keys:
+                d = _digits(task, k)
+                start, last = m.get(f"{k}.start"), m.get(f"{k}.{end}")
+                cells.append(f"{k.replace('_', ' ')} {_fmt(start, d)}" + (f" -> {_fmt(last, d)}" if v["train"] else ""))
+            runs = f"{len(v.get('seeds_finished', []))}/{v['runs_planned']} runs"
+            out.append(f"- `{name}` ({runs}): " + "; ".join(cells))
+        else:
+            cells = [f"{_metric_name(task, k)} {_fmt(m.get(k), 1)}" for k in QA_METRICS if k in m]
+            runs = f"{len(v.get('seeds_finished', []))}/{v['runs_planned']} runs"
+            out.append(f"- `{name}` ({runs}): " + ("; ".join(cells) or "no finished run"))
+    return out
+
+
+def suite_markdown(suite: Suite, reports: dict[str | None, dict | None]) -> str:
+    lines = [f"# Results: `{suite.name}`", ""]
+    if suite.description:
+        lines += [suite.description.strip(), ""]
+    lines += [
+        (f"From `{suite.path.name}` in `{suite.project}`: {len(suite.studies)} studies, each from the project's "
+         "shared upstream artifacts. Differences are paired by seed and by item or held-out episode; 95% CIs "
+         "come from a two-level bootstrap (seeds and items drawn with replacement). A claim \"A > B\" is "
+         "**reproduced** when the CI of A - B lies above 0, **not reproduced** when it lies below 0 (the "
+         "opposite holds), **inconclusive** when it touches or crosses 0; \"A >= B\" with a margin m is judged "
+         "against -m instead. For error rates the difference is B - A (fewer is better)."),
+        "",
+        "| study | claim | metric | difference | 95% CI | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for study in suite.studies:
+        report = reports.get(study.part)
+        if report is None:
+            lines.append(f"| {study.part} | (no report yet: run the study) | | | | |")
+            continue
+        for c in report["claims"]:
+            lines.append(_claim_row(study.part or study.name, report.get("task", "qa"), c))
+    for study in suite.studies:
+        report = reports.get(study.part)
+        if report is None:
+            continue
+        finished = sum(r["finished"] for r in report["runs"])
+        lines += ["", f"## {study.part}: {report.get('task', 'qa')} study `{report['study']}`", ""]
+        if report.get("description"):
+            lines += [report["description"].strip(), ""]
+        lines += [f"{finished} of {len(report['runs'])} runs finished; the full report: "
+                  f"`reports/study/{report['study']}.md`. Each variant (mean over seeds, 95% CI"
+                  + ("; warm start -> last RL checkpoint" if report.get("task") in GAME_TASKS else "") + "):", ""]
+        lines += _figures(report)
+        if report.get("failed"):
+            lines += ["", f"Failed in the last invocation: {', '.join(report['failed'])}."]
+    return "\n".join(lines) + "\n"
