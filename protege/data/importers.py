@@ -213,6 +213,12 @@ def parquet_frame(path: Path, image_root: Path) -> pd.DataFrame:
     out["options"] = [json.dumps(list(o)) if o is not None and not isinstance(o, str) else (o or "[]")
                       for o in (df["options"] if "options" in df else [None] * len(df))]
     out["kind"] = df["kind"].astype(str) if "kind" in df else ""
+    if "target" in df:  # optional: what SFT trains on when it is not the bare answer
+        for i, value in enumerate(df["target"]):
+            if value is not None and not (isinstance(value, float) and value != value) and not isinstance(value, str):
+                raise DatasetInvalid(f"{path}: row {i}: column 'target' holds {type(value).__name__} {value!r}; "
+                                     "expected the SFT target as text (or null: the answer)")
+        out["target"] = [v if isinstance(v, str) and v else None for v in df["target"]]
     return out
 
 
@@ -310,6 +316,7 @@ def import_dataset(path: str | Path, fmt: str, out_dir: str | Path, name: str,
     report["images_written"] = written
     table = out_dir / f"{name}.parquet"
     columns = ["id", "question", "answer", "image", "image_sha256", "kind", "options", "source"]
+    columns += ["target"] if "target" in df else []
     df = df.assign(candidates="[]", split=name, difficulty=0)
     write_atomic(table, lambda tmp: df[columns + ["candidates", "split", "difficulty"]].to_parquet(tmp, index=False))
     report_path = out_dir / f"{name}.validation.json"

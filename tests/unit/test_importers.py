@@ -96,6 +96,24 @@ def test_parquet_with_bytes_and_options(tmp_path):
     assert res.rows_written == 2 and json.loads(pd.read_parquet(res.table)["options"][0]) == ["cat", "dog"]
 
 
+def test_parquet_target_column_is_kept_and_checked(tmp_path):
+    from protege.data.rows import load_rows
+
+    df = pd.DataFrame({"id": ["1", "2"], "question": ["Colour?", "Colour?"], "answer": ["red", "blue"],
+                       "image": [{"bytes": png((255, 0, 0))}, {"bytes": png((0, 0, 255))}],
+                       "target": ["It is red.", None]})
+    src = tmp_path / "t.parquet"
+    df.to_parquet(src)
+    res = import_dataset(src, "parquet", tmp_path / "out", "t")
+    rows = load_rows(res.table)
+    assert [r.sft_target for r in rows] == ["It is red.", "blue"] and [r.answer for r in rows] == ["red", "blue"]
+    df["target"] = [3, 4]
+    df.to_parquet(src)
+    with pytest.raises(DatasetInvalid, match=r"t.parquet: row 0: column 'target' holds int 3"):
+        import_dataset(src, "parquet", tmp_path / "out2", "t")
+    assert not (tmp_path / "out2").exists()
+
+
 def test_whole_file_errors(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_bytes(b'[{"id": "\xff"}]')
