@@ -127,10 +127,12 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     # before the updater: the merged teacher starts from the whole weights, which ZeRO-3 then partitions
     guidance = guidance_terms(rl, teacher, policy, processor, sampling, rng, device)
     section = "tool" if is_tool(cfg) else "agent"
+    # the schedule counts RL steps: PPO's ppo.epochs optimizer steps per RL step share one rate
+    per_step = rl.ppo.epochs if head is not None else 1
     updater = make_updater(rl.backend, policy, params + ([] if head is None else list(head.parameters())), rl.lr,
                            rl.zero_stage, device, key=f"{section}.rl.backend",
                            lr_lambda=None if rl.schedule == "constant" and not rl.warmup_steps
-                           else (lambda i: lr_factor(i, rl)))
+                           else (lambda i: lr_factor(i // per_step, rl)))
     parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
     if head is not None:
         parts["value_head"] = Weights(head)

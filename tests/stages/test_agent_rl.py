@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from protege.config import AgentConfig
+from protege.config import AgentConfig, PPOConfig
 from protege.generation.transformers_backend import Completions, completion_mask
 from protege.rl.agent_loop import run_agent_rl
 from protege.rl.guidance.merged_teacher import merged_thoughts
@@ -205,12 +205,16 @@ def test_thought_mask_covers_each_turns_tokens_before_its_action(tiny_processor)
     assert int((second & mask).sum()) == len(bad) - 1
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_cosine_schedule_anneals_the_rate_and_its_step_count_joins_the_fingerprint(tiny_student, tiny_processor,
-                                                                                     tmp_path):
+                                                                                     tmp_path, algorithm):
     from protege.rl.agent_loop import agent_fingerprint
 
     base = tiny_cfg()
-    cosine = base.model_copy(update={"rl": base.rl.model_copy(update={"schedule": "cosine", "steps": 3})})
+    # PPO takes 2 optimizer steps per RL step here; the rate still anneals over the RL steps
+    cosine = base.model_copy(update={"rl": base.rl.model_copy(update={"schedule": "cosine", "steps": 3,
+                                                                      "algorithm": algorithm,
+                                                                      "ppo": PPOConfig(epochs=2)})})
     logs = []
     run_agent_rl(tiny_student, tiny_processor, cosine, 64, tmp_path / "out", seed=0,
                  on_log=lambda s, m: logs.append(m["lr"]), new_env=VarietyEnv)
@@ -224,7 +228,6 @@ def test_cosine_schedule_anneals_the_rate_and_its_step_count_joins_the_fingerpri
 
 
 def test_ppo_takes_its_epochs_and_learns_values(tiny_student, tiny_processor, tmp_path):
-    from protege.config import PPOConfig
     from protege.rl.agent_loop import run_agent_rl as run
 
     base = tiny_cfg()
