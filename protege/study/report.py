@@ -64,6 +64,12 @@ def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> d
                         once_a=not study.variants[study.baseline].train, once_b=not v.train)
                 except ValueError:  # no seed finished on both sides yet
                     pass
+        done = [results[f"{name}/seed-{s}"] for s in study.seeds if f"{name}/seed-{s}" in results]
+        summaries = [r["rl"] for r in done if r.get("rl")]
+        entry["train_rl"] = {k: sum(t[k] for t in summaries) / len(summaries)  # rl.json's quarters, mean over seeds
+                             for k in sorted({k for t in summaries for k in t})
+                             if k.endswith(("_first_quarter", "_last_quarter"))
+                             and all(isinstance(t.get(k), (int, float)) for t in summaries)}
         variants[name] = entry
 
     claims = []

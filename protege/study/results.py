@@ -36,8 +36,9 @@ def _fmt(s: dict | None, digits: int, signed: bool = False) -> str:
 
 def _claim_row(part: str, task: str, c: dict) -> str:
     digits = _digits(task, c["metric"])
-    relation = f">= (margin {c['margin']:g})" if c.get("margin") else ">"
-    what = f"{c['name']} (`{c['better']}` {relation} `{c['than']}`)"
+    relation = ">=" if c.get("margin") else ">"
+    what = f"{c['name']} (`{c['better']}` {relation} `{c['than']}`" + (f", margin {c['margin']:g})" if c.get("margin")
+                                                                        else ")")
     if c.get("verdict") is None:
         missing = ", ".join(c.get("missing", [])) or "runs"
         return f"| {part} | {what} | {_metric_name(task, c['metric'])} | — | — | no result yet ({missing} unfinished) |"
@@ -68,7 +69,12 @@ def _figures(report: dict) -> list[str]:
         else:
             cells = [f"{_metric_name(task, k)} {_fmt(m.get(k), 1)}" for k in QA_METRICS if k in m]
             runs = f"{len(v.get('seeds_finished', []))}/{v['runs_planned']} runs"
-            out.append(f"- `{name}` ({runs}): " + ("; ".join(cells) or "no finished run"))
+            train = v.get("train_rl", {})
+            moves = [f"{k.removesuffix('_first_quarter').replace('_', ' ')} {train[k]:.3f} -> "
+                     f"{train[k.replace('_first_quarter', '_last_quarter')]:.3f}" for k in train
+                     if k.endswith("_first_quarter") and k.replace("_first_quarter", "_last_quarter") in train]
+            out.append(f"- `{name}` ({runs}): " + ("; ".join(cells) or "no finished run")
+                       + (f". Training, first -> last quarter of the steps: {'; '.join(moves)}" if moves else ""))
     return out
 
 

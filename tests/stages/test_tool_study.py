@@ -250,7 +250,7 @@ def test_a_file_with_parts_runs_in_one_queue_and_tabulates_every_claim(project, 
     assert paths["md"] == project / "reports/results.md"
     md = paths["md"].read_text()
     table = [line for line in md.splitlines() if line.startswith("| first |") or line.startswith("| second |")]
-    assert len(table) == 2 and "GRPO beats its warm start" in table[0] and ">= (margin 5)" in table[1]
+    assert len(table) == 2 and "GRPO beats its warm start" in table[0] and "`gtpo` >= `gtpo_g0.5`, margin 5)" in table[1]
     assert all(any(v in line for v in ("**reproduced**", "**not reproduced**", "**inconclusive**")) for line in table)
     assert "## second: tool study `both.second`" in md and "accuracy" in md
     combined = json.loads((project / "reports/study/both.json").read_text())
