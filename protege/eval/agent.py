@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from protege.eval.stats import percentile_ci
+from protege.eval.stats import paired_bootstrap, percentile_ci
 from protege.rl.episodes import pack_episodes, per_episode, play
 from protege.rl.games import Game, env_factory, is_tool, sampling_for
 from protege.rl.trajectory import token_logprobs
@@ -78,6 +78,14 @@ def summary_markdown(summary: dict) -> str:
                                 f"| {100 * r['format_error_rate']:.1f} |")
         else:
             lines.append(head + f"| {100 * r['format_error_rate']:.1f} | {r['entropy']:.3f} |")
+    start = summary.get("start") or {}
+    for key, label in (("end", "last RL checkpoint"), ("merged_teacher", "merged teacher")):
+        after = summary.get(key) or {}
+        if "per_episode" in start and "per_episode" in after:
+            d = paired_bootstrap({str(e["seed"]): float(e["success"]) for e in start["per_episode"]},
+                                 {str(e["seed"]): float(e["success"]) for e in after["per_episode"]})
+            lines.append(f"\n{label} - warm start: {d['diff']:+.1f} points, 95% CI [{d['ci'][0]:+.1f}, "
+                         f"{d['ci'][1]:+.1f}] (paired by held-out {'question' if tool else 'layout'}, {d['n']})")
     return "\n".join(lines) + "\n"
 
 

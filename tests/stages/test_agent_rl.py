@@ -149,7 +149,12 @@ def test_summary_table_for_the_demo():
     r = {"success_rate": 0.5, "success_ci": [0.4, 0.6], "format_error_rate": 0.25, "entropy": 0.0812}
     md = summary_markdown({"start": r, "end": {**r, "success_rate": 0.625}})
     assert "| warm start | 50.0 [40.0, 60.0] | 25.0 | 0.081 |" in md and "| last RL checkpoint | 62.5" in md
-    assert "merged teacher" not in md
+    assert "merged teacher" not in md and "warm start:" not in md  # no episodes: no paired difference
+    # per-episode outcomes: the paired difference, by hand. 4 layouts: start 1,1,0,0 -> end 1,1,1,0: +25 points
+    episodes = lambda wins: [{"seed": 100 + i, "success": w} for i, w in enumerate(wins)]
+    md = summary_markdown({"start": {**r, "per_episode": episodes([1, 1, 0, 0])},
+                           "end": {**r, "per_episode": episodes([1, 1, 1, 0])}})
+    assert "last RL checkpoint - warm start: +25.0 points, 95% CI [+0.0, +75.0] (paired by held-out layout, 4)" in md
 
 
 def test_warm_start_resumes_to_bitwise_the_same_weights(tiny_student, tiny_processor, tmp_path):
