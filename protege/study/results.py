@@ -78,6 +78,48 @@ def _figures(report: dict) -> list[str]:
     return out
 
 
+def _mean(report: dict, variant: str, key: str) -> float | None:
+    s = report["variants"].get(variant, {}).get("metrics", {}).get(key)
+    return s["mean"] if s else None
+
+
+def _reading(report: dict, c: dict) -> str:
+    """For a claim that did not reproduce: what was measured, in a sentence (the compared variants' own
+    levels, where they started, and the training signal that explains a tie)."""
+    task, better, than = report.get("task", "qa"), c["better"], c["than"]
+    out = []
+    if task in GAME_TASKS:
+        metric, end, d = c["metric"], report["end"], _digits(task, c["metric"])
+        start = _mean(report, better, f"{metric}.start")
+        b, t = _mean(report, better, f"{metric}.{end}"), _mean(report, than, f"{metric}.{end}")
+        if None not in (start, b, t):
+            out.append(f"from a warm start at {start:.{d}f}, `{better}` ends at {b:.{d}f} and `{than}` at {t:.{d}f} "
+                       f"({_metric_name(task, metric)})")
+        e0, eb, et = (_mean(report, than, "entropy.start"), _mean(report, better, f"entropy.{end}"),
+                      _mean(report, than, f"entropy.{end}"))
+        if metric != "entropy" and None not in (e0, eb, et):
+            out.append(f"entropy {e0:.3f} -> `{better}` {eb:.3f}, `{than}` {et:.3f}")
+        if None not in (e0, et) and et > e0:
+            out.append(f"`{than}`'s entropy rose ({e0:.3f} -> {et:.3f}) instead of collapsing")
+    else:
+        metric = c["metric"]
+        levels = {v: _mean(report, v, metric) for v in report["variants"]}
+        fixed = [v for v, e in report["variants"].items() if not e["train"] and levels[v] is not None]
+        shown = [f"`{v}` {levels[v]:.1f}" for v in dict.fromkeys([better, than, *fixed]) if levels.get(v) is not None]
+        if shown:
+            out.append(f"{_metric_name(task, metric)}: " + ", ".join(shown))
+        for v in (better, than):
+            train = report["variants"].get(v, {}).get("train_rl", {})
+            first, last = train.get("disc_accuracy_first_quarter"), train.get("disc_accuracy_last_quarter")
+            if first is not None and last is not None and max(abs(first - 0.5), abs(last - 0.5)) < 0.1:
+                out.append(f"`{v}`'s discriminator stayed at chance (accuracy {first:.2f} -> {last:.2f}), so its "
+                           "similarity reward carried no signal")
+        for v in (better, than):
+            if report["variants"].get(v, {}).get("train") and fixed and None not in (levels.get(v), levels[fixed[0]]):
+                out.append(f"RL moved `{v}` {levels[v] - levels[fixed[0]]:+.1f} points from `{fixed[0]}`")
+    return "; ".join(out)
+
+
 def suite_markdown(suite: Suite, reports: dict[str | None, dict | None]) -> str:
     lines = [f"# Results: `{suite.name}`", ""]
     if suite.description:
@@ -112,6 +154,10 @@ def suite_markdown(suite: Suite, reports: dict[str | None, dict | None]) -> str:
                   f"`reports/study/{report['study']}.md`. Each variant (mean over seeds, 95% CI"
                   + ("; warm start -> last RL checkpoint" if report.get("task") in GAME_TASKS else "") + "):", ""]
         lines += _figures(report)
+        unreproduced = [c for c in report["claims"] if c.get("verdict") not in (None, "reproduced")]
+        for c in unreproduced:
+            if reading := _reading(report, c):
+                lines += ["", f"{c['name']}: {c['verdict']}. Measured: {reading}."]
         if report.get("failed"):
             lines += ["", f"Failed in the last invocation: {', '.join(report['failed'])}."]
     return "\n".join(lines) + "\n"
