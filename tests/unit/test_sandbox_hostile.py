@@ -256,9 +256,12 @@ def test_bombs_at_once(box, cap_holds, watch):
         pytest.skip("the process cap did not hold for a harmless spawner")
     from concurrent.futures import ThreadPoolExecutor
 
+    # roomy CPU and wall limits as in test_memory_bomb: four bombs at once on a loaded 2-core machine took the
+    # memory bomb past the shared 2-second wall limit before its address-space one (seen once on CI)
+    roomy = Sandbox(dataclasses.replace(LIMITS, cpu_s=10, timeout_s=20))
     names = ["fork_bomb.py", "memory_bomb.py", "huge_output.py", "env_vars.py"] * 2
     with ThreadPoolExecutor(4) as pool:
-        outs = list(pool.map(lambda n: run_corpus(box, n), names))
+        outs = list(pool.map(lambda n: run_corpus(roomy, n), names))
     assert [o.limit for o in outs] == ["nproc", "memory", "output", None] * 2
 
 
