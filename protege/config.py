@@ -459,7 +459,7 @@ class MergeConfig(Section):
 class GridEnvConfig(Section):
     """The visual agent game (protege/world/envs/grid.py)."""
     size: int = Field(4, ge=2, le=64)
-    walls: int = Field(2, ge=0, le=4094)
+    walls: int = Field(4, ge=0, le=4094)
     max_turns: int = Field(8, ge=1, le=1000)
     legal_reward: float = Field(0.05, ge=-1000, le=1000)
     illegal_reward: float = Field(-0.5, ge=-1000, le=1000)
