@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
 
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "protege.teachers.loopback_server", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "protege.loopback_server", "--port", str(port),
                                "--latency", str(args.latency)])
     try:
         wait_for(port)

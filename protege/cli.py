@@ -275,6 +275,11 @@ def eval_score(benchmark: str = typer.Option(..., help="benchmark name, e.g. mmb
     lo, hi = summary["ci"]
     typer.echo(f"{benchmark}: {summary['score']:.2f} (95% CI {lo:.2f}-{hi:.2f}) on {summary['items']} items "
                f"({summary['units']} scored units, {summary['protocol']}); rows in {out / 'items.jsonl'}")
+    if summary.get("judge") and summary["judge"]["unusable"]:
+        from protege.eval.judging import JudgeTally
+
+        typer.echo(f"{benchmark}: {JudgeTally(**summary['judge']).line()}; each scored as the harness scores it "
+                   "(notes in items.jsonl)", err=True)
 
 
 @eval_app.command("run")
@@ -483,7 +488,7 @@ def main() -> None:
     # `protege stage` under a pipeline run: a warm host (protege/stage_host.py) runs it without paying for
     # the imports again; anything else, or no host, runs here
     if len(sys.argv) > 1 and sys.argv[1] == "stage":
-        from protege.stage_host import run_via_host
+        from protege.stage_client import run_via_host
 
         code = run_via_host(sys.argv[1:])
         if code is not None:

@@ -303,6 +303,13 @@ class TeacherSpec(Section):
         return self
 
 
+class JudgeSpec(TeacherSpec):
+    """The evaluation's LLM judge: a teacher spec, plus how many unusable replies a run tolerates."""
+    # share of a benchmark's judge prompts whose reply may be blank or failed before the run stops (each is
+    # scored as the harness scores it); judged over at least 1 / max_unusable prompts
+    max_unusable: float = Field(0.05, ge=0, le=1)
+
+
 class TeachersConfig(Section):
     pool: list[TeacherSpec] = [TeacherSpec(name="concise"), TeacherSpec(name="verbose")]
     answers_per_question: int = Field(4, ge=1, le=1024)
@@ -329,7 +336,7 @@ class SFTConfig(Section):
     schedule: Literal["constant", "cosine"] = "cosine"  # cosine: decays to 10% of lr by the last step
     warmup_steps: int = Field(0, ge=0, le=10_000_000)
     log_every: int = Field(20, ge=1, le=10_000_000, **affects(NOTHING))
-    # the training runtime (protege/train/runtime), as for rl
+    # the training runtime (protege/runtime), as for rl
     backend: Literal["torch", "deepspeed"] = "torch"  # deepspeed: ZeRO, and several processes under torchrun
     zero_stage: Literal[2, 3] = 2
     device: Literal["auto", "cpu", "cuda"] = "auto"    # auto: cuda when available
@@ -552,7 +559,7 @@ class AgentRLConfig(SamplingConfig):
     def _transformers_only(cls, v: str) -> str:
         if v != "transformers":  # refused, not ignored: the setting would otherwise enter fingerprints unused
             raise ValueError("is vllm, but the multi-turn loop samples with transformers only (one batched generate per "
-                             "turn, protege/rl/episodes.py); use transformers")
+                             "turn, protege/rollout/episodes.py); use transformers")
         return v
 
 
@@ -623,7 +630,7 @@ class EvaluateConfig(Section):
     mini_items: int = Field(24, ge=4, le=1_000_000)  # items per mini benchmark (MMBench: / 4 questions x 4 copies)
     protocol: Literal["lmms-eval", "lenient", "vlmevalkit"] = "lmms-eval"  # lenient: our generous reading;
     #                                                                         vlmevalkit: its multiple-choice matching
-    judge: TeacherSpec | None = None           # MM-Vet grader + extraction fallback (openai/vllm); null: rules
+    judge: JudgeSpec | None = None             # MM-Vet grader + extraction fallback (openai/vllm); null: rules
     bootstrap: int = Field(1000, ge=100, le=1_000_000)       # resamples for the 95% confidence intervals
     mmvet_grader_prompt: str | None = None     # a text file replacing the grader prompt (default: the protocol's own)
 

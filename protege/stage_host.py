@@ -3,7 +3,7 @@
 Each stage is its own process (DVC runs `protege stage NAME`), and each used to pay for importing
 python, torch, transformers and MLflow again: about 8 s of 2 cores per stage, 13 times per run. The host
 imports all that once and forks a child per stage. `protege stage` (the command DVC runs) finds the host
-through PROTEGE_STAGE_HOST, hands it its argv, folder, environment and its stdin/stdout/stderr
+through PROTEGE_STAGE_HOST (`stage_client`), hands it its argv, folder, environment and its stdin/stdout/stderr
 descriptors, and waits for the child's exit status; the child writes straight to DVC's pipes. Without a
 host, or if it cannot be reached, the command runs in its own process as before, so results never depend
 on it. Signals the command gets are passed on to the child; if the command dies the child is stopped.
@@ -28,7 +28,8 @@ import threading
 import traceback
 from pathlib import Path
 
-SOCKET_ENV = "PROTEGE_STAGE_HOST"
+from protege.stage_client import SOCKET_ENV
+
 MAX_MESSAGE = 1 << 20
 
 
@@ -138,36 +139,6 @@ def serve(path: str) -> None:
             finally:
                 os._exit(0)
         conn.close()
-
-
-def run_via_host(argv: list[str]) -> int | None:
-    """Runs `protege ARGV` in the host named by PROTEGE_STAGE_HOST; None when there is none to reach
-    (the caller then runs the command itself)."""
-    path = os.environ.get(SOCKET_ENV)
-    if not path or not os.path.exists(path):
-        return None
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(path)
-        req = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}
-        socket.send_fds(conn, [json.dumps(req).encode()], [0, 1, 2])
-    except OSError:
-        conn.close()
-        return None
-    reader = conn.makefile("r")
-    first = reader.readline()
-    if not first:
-        return None  # the host went away before it forked: run here
-    pid = json.loads(first)["pid"]
-
-    def forward(signum, frame):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
-    line = reader.readline()
-    return json.loads(line)["exit"] if line else 1
 
 
 @contextlib.contextmanager

@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from protege.eval.stats import paired_bootstrap, percentile_ci
-from protege.rl.episodes import pack_episodes, per_episode, play
-from protege.rl.games import Game, env_factory, is_tool, sampling_for
-from protege.rl.trajectory import token_logprobs
+from protege.rollout.episodes import pack_episodes, per_episode, play
+from protege.rollout.games import Game, env_factory, is_tool, sampling_for
+from protege.rollout.trajectory import token_logprobs
 from protege.world.envs import eval_seed
 
 

@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from protege.eval.compare import compare, read_units
+from protege.eval.judging import JudgeTally
 from protege.bench.items import Unit
 from protege.eval.stats import bootstrap_ci, paired_bootstrap
 
@@ -141,9 +142,11 @@ def markdown(report: dict) -> str:
             for group, v in c[b][kind].items():
                 label = group if kind == "per_category" else f"difficulty: {group}"
                 lines.append(f"| {b} | {label} | {v['score']:.1f} | {v['n']} |")
-    notes = [(b, note, n) for b in names for note, n in c[b]["notes"].items()]
+    notes = [f"- {b}: {n} item(s): {note}" for b in names for note, n in c[b]["notes"].items()]
+    notes += [f"- {b} ({label}): {JudgeTally(**m['benchmarks'][b]['judge']).line()}" for label, m in models.items()
+              for b in names if (m["benchmarks"][b].get("judge") or {}).get("unusable")]
     if notes:
-        lines += ["", "## Scoring notes", ""] + [f"- {b}: {n} item(s): {note}" for b, note, n in notes]
+        lines += ["", "## Scoring notes", ""] + notes
     return "\n".join(lines) + "\n"
 
 

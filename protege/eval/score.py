@@ -13,6 +13,7 @@ from pathlib import Path
 
 from protege.errors import UserFacingError
 from protege.bench.items import BenchItem, Scored, Unit
+from protege.eval.judging import check_tally
 from protege.eval.stats import bootstrap_ci, score_of
 
 
@@ -115,7 +116,13 @@ def score_benchmark(name: str, items: list[BenchItem], preds: dict[str, Predicti
 
     scorer = scorer_for(name, protocol, grader_prompt)
     texts = [preds[it.index].text for it in items]
+    take_tally = getattr(complete, "take_tally", None)
+    if take_tally:
+        take_tally()  # what an earlier benchmark asked is not this one's
     scored: list[Scored] = scorer.score(items, texts, complete)
+    judge = take_tally() if take_tally else None
+    if judge is not None:
+        check_tally(judge, complete.who, complete.max_unusable, name)
     units = scorer.units(items, scored)
     lo, hi = bootstrap_ci(units, scorer.aggregate, n_boot, seed)
     tokens = [p.tokens for p in (preds[it.index] for it in items) if p.tokens is not None]
@@ -129,6 +136,7 @@ def score_benchmark(name: str, items: list[BenchItem], preds: dict[str, Predicti
         "mean_tokens": sum(tokens) / len(tokens) if tokens else None,
         "mean_latency_s": sum(latency) / len(latency) if latency else None,
         "notes": dict(Counter(s.note for s in scored if s.note)),
+        "judge": judge.as_dict() if judge is not None else None,
     }
     rows = [{"index": it.index, "category": it.category, "answer": it.answer, "prediction": preds[it.index].text,
              "extracted": s.extracted, "score": s.score, "note": s.note} for it, s in zip(items, scored)]

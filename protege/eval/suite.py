@@ -6,10 +6,11 @@ import shutil
 import time
 from pathlib import Path
 
-from protege.config import EvaluateConfig, TeacherSpec
+from protege.config import EvaluateConfig, JudgeSpec, TeacherSpec
 from protege.errors import UserFacingError
 from protege.bench.items import BENCHMARKS, BenchItem
 from protege.eval.readers import read_benchmark
+from protege.eval.judging import JudgeCompleter, JudgeTally
 from protege.eval.runner import generate_predictions
 from protege.eval.score import score_benchmark, write_predictions, write_scores
 from protege.eval.scorers import Completer, suite_protocol
@@ -69,7 +70,7 @@ def grader_prompt(cfg: EvaluateConfig, root: Path) -> str | None:
     return path.read_text(encoding="utf-8")
 
 
-def completer_for(spec: TeacherSpec | None, root: Path, seed: int) -> Completer | None:
+def completer_for(spec: TeacherSpec | None, root: Path, seed: int) -> JudgeCompleter | None:
     """A text LLM as a judge / answer extractor, from a teacher spec; None keeps scoring rule-based."""
     if spec is None:
         return None
@@ -78,30 +79,24 @@ def completer_for(spec: TeacherSpec | None, root: Path, seed: int) -> Completer 
     # a grade or an extraction must not depend on the draw: the judge decodes greedily
     backend = build_teacher(spec.model_copy(update={"temperature": 0.0}), root, error_rate=0.0, seed=seed)
 
-    def complete(prompts: list[str]) -> list[str]:
+    def ask_all(prompts: list[str]) -> tuple[dict[int, str], dict[int, tuple[str, str]]]:
         replies, failures = {}, {}
 
         def collect(outcome: Outcome) -> None:
-            if isinstance(outcome, TeacherAnswer):
-                replies[outcome.key] = outcome.text
+            if isinstance(outcome, TeacherAnswer) and outcome.text.strip():
+                replies[int(outcome.key)] = outcome.text
+            elif isinstance(outcome, TeacherAnswer):
+                failures[int(outcome.key)] = ("empty", "empty reply")
             else:
-                failures[outcome.key] = outcome.error
+                failures[int(outcome.key)] = (outcome.kind, outcome.error)
 
         backend.run([TeacherRequest(str(i), str(i), p) for i, p in enumerate(prompts)], collect)
-        # a judgement that never came would score as a wrong answer and move the benchmark silently
-        if failures or len(replies) < len(prompts):
-            raise UserFacingError(judge_failure(spec, failures, len(prompts) - len(replies), len(prompts)))
-        return [replies[str(i)] for i in range(len(prompts))]
+        return replies, failures
 
-    return complete
-
-
-def judge_failure(spec: TeacherSpec, failures: dict[str, str], missing: int, asked: int) -> str:
     where = f" at {spec.base_url}" if spec.base_url else ""
-    reasons = sorted(set(failures.values()))
-    shown = "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} other errors)" if len(reasons) > 3 else "")
-    return (f"evaluate.judge {spec.name!r} ({spec.backend}, model {spec.model!r}{where}) gave no usable reply to "
-            f"{missing} of {asked} prompts: {shown or 'no outcome reported'}")
+    judge = spec if isinstance(spec, JudgeSpec) else JudgeSpec(**spec.model_dump())
+    return JudgeCompleter(ask_all, f"evaluate.judge {spec.name!r} ({spec.backend}, model {spec.model!r}{where})",
+                          judge.max_unusable)
 
 
 def evaluate_model(model, processor, suite: dict[str, list[BenchItem]], cfg: EvaluateConfig, out_dir: Path,
@@ -128,7 +123,8 @@ def evaluate_model(model, processor, suite: dict[str, list[BenchItem]], cfg: Eva
         latency += sum(p.latency_s for p in preds)
         answers += len(preds)
         lo, hi = summary["ci"]
-        log(f"{name}: {summary['score']:.1f} [{lo:.1f}, {hi:.1f}] on {summary['items']} items")
+        judged = f"; {JudgeTally(**summary['judge']).line()}" if (summary["judge"] or {}).get("unusable") else ""
+        log(f"{name}: {summary['score']:.1f} [{lo:.1f}, {hi:.1f}] on {summary['items']} items{judged}")
     avg, lo, hi = average_ci(units_by_bench, cfg.bootstrap, seed)
     return {"average": avg, "average_ci": [lo, hi], "benchmarks": results,
             "mean_tokens": tokens / max(answers, 1), "mean_latency_s": latency / max(answers, 1),

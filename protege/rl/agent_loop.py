@@ -31,9 +31,9 @@ from protege.models.lora import is_lora
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
 from protege.paths import checkpoint_dir, checkpoints
-from protege.rl.episodes import Episode, pack_episodes, play
+from protege.rollout.episodes import Episode, pack_episodes, play
 from protege.rl.estimators import Returns, estimator
-from protege.rl.games import Game, env_factory, is_tool, max_turns, sampling_for
+from protege.rollout.games import Game, env_factory, is_tool, max_turns, sampling_for
 from protege.rl.gtpo import token_advantages
 from protege.rl.guidance.base import Guidance, Step
 from protege.rl.guidance.merged_teacher import MergedTeacherGuidance
@@ -41,15 +41,15 @@ from protege.rl.guidance.shaping import SimilarityShaping
 from protege.rl.losses import policy_loss
 from protege.rl.merged_teacher import teacher_copy
 from protege.rl.ppo import ValueHead, gae, scored_with_values, turn_values, value_loss
-from protege.rl.reference import reference
+from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
-from protege.rl.trajectory import token_logprobs
-from protege.train.runtime.distributed import one_process
-from protege.train.runtime.placement import CPU, resolve_device
-from protege.train.runtime.run import Run, due
-from protege.train.runtime.schedule import lr_factor
-from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
-from protege.train.runtime.updaters import make_updater
+from protege.rollout.trajectory import token_logprobs
+from protege.runtime.distributed import one_process
+from protege.runtime.placement import CPU, resolve_device
+from protege.runtime.run import Run, due
+from protege.runtime.schedule import lr_factor
+from protege.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
+from protege.runtime.updaters import make_updater
 from protege.world.envs import EVAL_SEED_OFFSET, train_seed
 
 

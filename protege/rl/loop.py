@@ -25,18 +25,18 @@ from protege.models.student import save_student
 from protege.rewards.judge import rule_judge
 from protege.paths import checkpoint_dir, checkpoints
 from protege.rl.estimators import Returns, estimator
-from protege.rl.group import build_group
+from protege.rollout.group import build_group
 from protege.rl.guidance.discriminator import DiscriminatorSimilarity, QuestionStep
 from protege.rl.losses import policy_loss
-from protege.rl.reference import reference
+from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
-from protege.rl.trajectory import from_completions, token_logprobs
-from protege.train.runtime.distributed import barrier, world
-from protege.train.runtime.placement import CPU, resolve_device, to_device
-from protege.train.runtime.run import Run, due, next_rows
-from protege.train.runtime.state import OptimizerState, TorchRNG, Weights
-from protege.train.runtime.state import fingerprint as state_fingerprint
-from protege.train.runtime.updaters import make_updater
+from protege.rollout.trajectory import from_completions, token_logprobs
+from protege.runtime.distributed import barrier, world
+from protege.runtime.placement import CPU, resolve_device, to_device
+from protege.runtime.run import Run, due, next_rows
+from protege.runtime.state import OptimizerState, TorchRNG, Weights
+from protege.runtime.state import fingerprint as state_fingerprint
+from protege.runtime.updaters import make_updater
 
 
 @dataclass

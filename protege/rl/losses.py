@@ -81,12 +81,3 @@ def merged_kl_penalty(logp: torch.Tensor, logp_merged: torch.Tensor, thought: to
     sums = torch.zeros(episodes * turns, dtype=d.dtype, device=d.device).index_add_(0, cell, d[keep])
     counts = torch.zeros(episodes * turns, dtype=d.dtype, device=d.device).index_add_(0, cell, torch.ones_like(d[keep]))
     return (sums / counts.clamp(min=1)).view(episodes, turns)
-
-
-def thought_sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """GTR-Turbo's SFT guidance: cross-entropy on the merged teacher's thought tokens, mean over them.
-
-    logp: [N, L] the policy's log-probs of the teacher's tokens; mask: [N, L] 1 on thought tokens (the
-    action's tokens and everything else 0) -> scalar.
-    """
-    return -(logp * mask).sum() / mask.sum().clamp(min=1)

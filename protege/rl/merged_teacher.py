@@ -21,7 +21,7 @@ from protege.merging.methods import ties as ties_merge
 
 
 class MergedTeacher:
-    per_rank = False  # a state part (protege.train.runtime.state): one whole copy, written by rank 0
+    per_rank = False  # a state part (protege.runtime.state): one whole copy, written by rank 0
 
     def __init__(self, init: dict[str, torch.Tensor], method: str, ema_alpha: float = 0.1,
                  ties_density: float = 0.8):

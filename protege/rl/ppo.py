@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from protege.rl.trajectory import Trajectory, logprobs_from_logits
+from protege.rollout.trajectory import Trajectory, logprobs_from_logits
 
 
 class ValueHead(torch.nn.Module):

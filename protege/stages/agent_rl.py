@@ -13,11 +13,11 @@ from protege.config import Config, tracked_params
 from protege.eval.agent import evaluate_agent
 
 from protege.rl.agent_loop import agent_fingerprint, run_agent_rl
-from protege.rl.games import is_tool
+from protege.rollout.games import is_tool
 from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import load_model, with_lora
 from protege.stages.games import GAMES, GameLayout
-from protege.train.runtime.run_folder import drop_previous, prepare_out_dir
+from protege.runtime.run_folder import drop_previous, prepare_out_dir
 
 STATE = "state"
 MERGED_TEACHER = "merged-teacher"

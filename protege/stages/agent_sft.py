@@ -8,7 +8,7 @@ from pathlib import Path
 from protege.config import Config, tracked_params
 from protege.models.student import save_student
 from protege.paths import BASE_MODEL, TRAINING_STATES
-from protege.rl.games import is_tool
+from protege.rollout.games import is_tool
 from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import base_model_dir, load_model, log_start_model, model_path
 from protege.stages.games import GAMES

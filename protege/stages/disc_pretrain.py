@@ -23,7 +23,7 @@ from protege.paths import (
 )
 from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
 from protege.train.disc_pretrain import Example, pretrain_discriminator
-from protege.train.runtime.distributed import world
+from protege.runtime.distributed import world
 
 
 def balanced_teacher_answers(teacher: pd.DataFrame, student: pd.DataFrame, seed: int) -> pd.DataFrame:

@@ -30,8 +30,8 @@ from protege.rl.loop import RLInputs, fingerprint, run_rl
 from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import load_model, with_lora
 from protege.teachers.factory import build_teacher
-from protege.train.runtime.distributed import world
-from protege.train.runtime.run_folder import drop_previous, prepare_out_dir
+from protege.runtime.distributed import world
+from protege.runtime.run_folder import drop_previous, prepare_out_dir
 
 STATE = "state"
 CURVE = Path("reports/rl/learning_curve.csv")  # DVC plots: step, accuracy, one column per question kind

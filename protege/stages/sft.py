@@ -16,7 +16,7 @@ from protege.paths import SFT_MODEL, SPLIT_TABLES, TRAINING_STATES
 from protege.pool import pool_tables
 from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import init_dir, load_model, log_start_model, model_path, with_lora
-from protege.train.runtime.distributed import world
+from protege.runtime.distributed import world
 from protege.train.sft import train_sft
 
 

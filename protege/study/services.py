@@ -53,7 +53,7 @@ def start(study: Study, configs: list[Config], log=print, timeout_s: float = 60.
             raise UserFacingError(f"{study.path}: services.{name}: port {spec.port} is already in use; stop what "
                                   "listens there or pick another port (and the base_url that names it)")
         tables = [str(study.project / t) for t in (CURATED_RL, SPLIT_TABLES["rl"]) if (study.project / t).exists()]
-        cmd = [sys.executable, "-m", "protege.teachers.loopback_server", "--port", str(spec.port), "--judge",
+        cmd = [sys.executable, "-m", "protege.loopback_server", "--port", str(spec.port), "--judge",
                "--latency", str(spec.latency_s), "--judge-rows", *tables]
         log_path = study.out_dir / "services" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)

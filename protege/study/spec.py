@@ -101,7 +101,7 @@ class ClaimSpec(_Strict):
 
 
 class ServiceSpec(_Strict):
-    kind: Literal["loopback_judge"] = "loopback_judge"  # protege.teachers.loopback_server --judge
+    kind: Literal["loopback_judge"] = "loopback_judge"  # protege.loopback_server --judge
     port: int = Field(ge=1024, le=65535)
     latency_s: float = Field(0.0, ge=0)
 

@@ -46,6 +46,9 @@ class TeacherFailure:
     key: str
     error: str
     attempts: int
+    # "empty": the server answered with no text (a judge's blank reply, which the harnesses score);
+    # "truncated": no text because the token limit ran out first; "error": no answer at all
+    kind: str = "error"
 
 
 Outcome = TeacherAnswer | TeacherFailure

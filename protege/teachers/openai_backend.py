@@ -28,7 +28,12 @@ class _Retryable(Exception):
 
 
 class EmptyReply(ValueError):
-    """A well-formed reply that carries no answer text; the message names the field that was empty."""
+    """A well-formed reply that carries no answer text; the message names the field that was empty.
+    `truncated`: the token limit ran out before any answer text (a setting to raise, not a blank reply)."""
+
+    def __init__(self, message: str, truncated: bool = False):
+        super().__init__(message)
+        self.truncated = truncated
 
 
 # Where OpenAI-compatible servers put the answer. `content` is a string in OpenAI's own API, but
@@ -88,7 +93,7 @@ def reply_text(body: dict) -> str:
     if not text.strip() and isinstance(choice.get("text"), str):
         text = choice["text"]
     if not text.strip():
-        raise EmptyReply(_describe_empty(choice, message, field))
+        raise EmptyReply(_describe_empty(choice, message, field), truncated=choice.get("finish_reason") == "length")
     return text
 
 
@@ -166,7 +171,7 @@ class OpenAITeacher:
                 last_error = str(exc) or type(exc).__name__
             except EmptyReply as exc:
                 # the same request at temperature 0 would come back empty again: report it, do not retry
-                return TeacherFailure(r.key, str(exc), attempt + 1)
+                return TeacherFailure(r.key, str(exc), attempt + 1, "truncated" if exc.truncated else "empty")
             except (KeyError, IndexError, ValueError, aiohttp.ContentTypeError) as exc:
                 return TeacherFailure(r.key, f"malformed response: {exc!r}", attempt + 1)
         return TeacherFailure(r.key, f"gave up after {self.max_retries + 1} attempts: {last_error}", self.max_retries + 1)

@@ -1,7 +1,7 @@
 """Warm start for agent RL (the grid game or the tool environment): supervised training on the scripted
 solver's multi-turn episodes.
 
-An expert episode is laid out exactly as a played one (protege.rl.episodes): observations as user turns,
+An expert episode is laid out exactly as a played one (protege.rollout.episodes): observations as user turns,
 the solver's "thought + action" as the assistant's; the loss is the cross-entropy on the assistant tokens.
 """
 from __future__ import annotations
@@ -14,15 +14,14 @@ import torch
 
 from protege.config import AgentConfig, result_params
 from protege.models.processor import StudentProcessor
-from protege.rl.episodes import Episode, add_observation, add_policy_turn, pack, start_episode
-from protege.rl.games import Game, expert_episodes
-from protege.rl.losses import thought_sft_loss
-from protege.rl.trajectory import token_logprobs
-from protege.train.runtime.distributed import one_process
-from protege.train.runtime.placement import resolve_device
-from protege.train.runtime.run import Run, due, next_rows
-from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
-from protege.train.runtime.updaters import make_updater
+from protege.rollout.episodes import Episode, add_observation, add_policy_turn, pack, start_episode
+from protege.rollout.games import Game, expert_episodes
+from protege.rollout.trajectory import thought_sft_loss, token_logprobs
+from protege.runtime.distributed import one_process
+from protege.runtime.placement import resolve_device
+from protege.runtime.run import Run, due, next_rows
+from protege.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
+from protege.runtime.updaters import make_updater
 from protege.world.envs import GridParams
 
 
@@ -32,7 +31,7 @@ def grid_params(cfg: AgentConfig, image_size: int) -> GridParams:
 
 def expert_as_episode(processor: StudentProcessor, turns, context: str = "full") -> Episode:
     """(observation, solver text) per turn -> the episode as the policy would have played it (`context`
-    as in protege.rl.episodes.play)."""
+    as in protege.rollout.episodes.play)."""
     tok, eos = processor.tokenizer, processor.eos_token_id
     if context == "current":
         parts = [expert_as_episode(processor, [turn]) for turn in turns]

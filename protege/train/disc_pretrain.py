@@ -20,11 +20,11 @@ from protege.config import DiscPretrainConfig, result_params
 from protege.errors import UserFacingError
 from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
-from protege.train.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
-from protege.train.runtime.placement import resolve_device, to_device
-from protege.train.runtime.run import Run, due
-from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
-from protege.train.runtime.updaters import make_updater
+from protege.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
+from protege.runtime.placement import resolve_device, to_device
+from protege.runtime.run import Run, due
+from protege.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
+from protege.runtime.updaters import make_updater
 
 
 

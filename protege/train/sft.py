@@ -20,12 +20,12 @@ from protege.config import SFTConfig, result_params
 from protege.data.rows import Row
 from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
-from protege.train.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
-from protege.train.runtime.placement import resolve_device, to_device
-from protege.train.runtime.run import Run, due, next_rows
-from protege.train.runtime.schedule import lr_factor
-from protege.train.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
-from protege.train.runtime.updaters import make_updater
+from protege.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
+from protege.runtime.placement import resolve_device, to_device
+from protege.runtime.run import Run, due, next_rows
+from protege.runtime.schedule import lr_factor
+from protege.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
+from protege.runtime.updaters import make_updater
 
 # settings that change when things are logged or saved, never the weights: a state survives changing them
 

@@ -193,3 +193,53 @@ def test_mmvet_judged_matches_the_mmvet_task(monkeypatch, benchmark):
     assert not bad, "\n".join(bad[:20])
     assert set(theirs_prompts) == set(ours_judge.prompts)
     assert 0 < sum(s.score for s in ours) < len(ours)
+
+
+# --- MM-Vet's retries: a judge whose reply changes from one ask to the next ---------------------------
+
+# per prompt, the replies of its successive asks (the last one repeats): a grade after an unreadable one is
+# asked twice, the first reply dropped; blank replies are asked again inside get_chat_response (3 asks)
+MMVET_SCRIPTS = [["0.5"], ["high", "0.9", "0.3"], ["", "0.4"], ["", "", "", "0.8"], ["no", "0.1", "0.2", "0.6"],
+                 ["x"], ["", "", "bad", "0.7", "", "", "", "1.0"], ["Correctness: 0.6", "0.6 ok", "0.2"],
+                 ["bad", "", "", "", "0.3"]]
+
+
+class Scripted:
+    """A judge whose n-th reply to a prompt is its script's n-th entry; the script is picked by the prompt."""
+
+    def __init__(self):
+        self.asked: dict[str, int] = {}
+
+    def __call__(self, prompt: str) -> str:
+        script = MMVET_SCRIPTS[int(hashlib.sha256(prompt.encode()).hexdigest(), 16) % len(MMVET_SCRIPTS)]
+        n = self.asked[prompt] = self.asked.get(prompt, 0) + 1
+        return script[min(n, len(script)) - 1]
+
+
+def test_mmvet_retries_use_the_reply_lmms_eval_uses(monkeypatch):
+    """lmms-eval's own get_chat_response runs (its judge server patched), so its patience on blank replies and
+    the reply it drops after an unreadable grade are the harness's."""
+    from lmms_eval.llm_judge.protocol import Response
+
+    config = benchmark_config("mmvet")
+    task_globals = config["process_results"].__globals__
+    theirs_judge = Scripted()
+
+    class Server:
+        def evaluate(self, request):
+            return Response(content=theirs_judge(request.messages[0]["content"]), model_used="scripted")
+
+    monkeypatch.setitem(task_globals, "server", Server())
+    monkeypatch.setattr(task_globals["time"], "sleep", lambda s: None)
+    items = [BenchItem(benchmark="mmvet", index=f"v{n}", question=f"Question {n}?", images=[], answer="3")
+             for n in range(90)]
+    texts = [f"There are {n % 5} of them." for n in range(90)]
+    ours_judge = Scripted()
+    ours = scorer_for("mmvet").score(items, texts, lambda prompts: [ours_judge(p) for p in prompts])
+    theirs = [r["gpt_eval_score"]["score"] for r in run_task("mmvet", items, texts, config)]
+    bad = [f"{it.index}: ours {s.score} ({s.note}), lmms-eval {t}" for it, s, t in zip(items, ours, theirs)
+           if s.score != t]
+    assert not bad, "\n".join(bad[:20])
+    assert ours_judge.asked == theirs_judge.asked                    # the same asks of every prompt
+    # 0.9 and 0.1 are only ever the dropped replies; 0.8 comes after three blanks, which already scored 0
+    assert {s.score for s in ours} == {0.0, 0.2, 0.3, 0.4, 0.5}

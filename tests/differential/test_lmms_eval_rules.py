@@ -9,7 +9,6 @@ Chinese phrasing, several letters, option texts, numbers, refusals, each also wr
 """
 from __future__ import annotations
 
-import ast
 import itertools
 import random
 
@@ -217,23 +216,27 @@ def test_mmmu_open_matches_the_mmmu_task():
 
 
 def test_mmmu_open_list_golds_match_eval_open_any_element():
-    """A list gold: lmms-eval's eval_open accepts any element. Ours reads it from meta["answers"] or from
-    its literal, compared with lmms-eval given the list itself."""
+    """A list-typed gold (meta["answers"]): lmms-eval's eval_open accepts any element. A gold written as a
+    list in a text cell stays a string in lmms-eval (`doc["answer"]`), and so in ours."""
     rng = random.Random(13)
     lists = [["3", "three"], ["0.5", "1/2"], ["Paris", "paris, france"], ["24/7", "3.43"], ["1,000", "1000.0"],
              ["x", "y"], ["a"], ["12 kg", "12"], ["red", "crimson", "scarlet"]]
-    items, answers = [], []
+    typed, written = ([], []), ([], [])   # (items, answers): a list-typed column; a list literal in text
     for i in range(500):
         golds, other = rng.choice(lists), rng.choice(lists)
+        items, answers = typed if i % 2 else written
         meta = {"answers": golds} if i % 2 else {}
         answer = golds[0] if i % 2 else str(golds)
         items.append(BenchItem(benchmark="mmmu", index=str(i), question="Q?", images=[], answer=answer, meta=meta))
         word = rng.choice(golds + other)
         answers.append(rng.choice(MMMU_STEMS).format(g=word, w=word.upper()))
-    items.append(BenchItem(benchmark="mmmu", index="999", question="Q?", images=[], answer="['3', 'three']"))
-    answers.append("three")
-    ours = _compare_mmmu_open(items, answers, listed=True)
-    assert ours[-1].score == 1.0
+    written[0].append(BenchItem(benchmark="mmmu", index="999", question="Q?", images=[], answer="['3', 'three']"))
+    written[1].append("three")
+    _compare_mmmu_open(*typed, listed=True)
+    ours = _compare_mmmu_open(*written)
+    assert ours[-1].score == 0.0                                      # "three": wrong in the harness
+    lenient = scorer_for("mmmu", "lenient").score(written[0][-1:], written[1][-1:])
+    assert lenient[0].score == 1.0                                    # our lenient reading parses the list
 
 
 def _compare_mmmu_open(items, answers, listed=False):
@@ -243,7 +246,7 @@ def _compare_mmmu_open(items, answers, listed=False):
     harness_items = items
     if listed:  # the documents a list-typed answer column would hold
         harness_items = [BenchItem(benchmark="mmmu", index=it.index, question=it.question, images=[],
-                                   answer=it.meta.get("answers") or ast.literal_eval(it.answer)) for it in items]
+                                   answer=it.meta.get("answers") or it.answer) for it in items]
     theirs = [evaluate_mmmu([r["mmmu_acc"]])[1]["acc"] for r in run_task("mmmu", harness_items, answers)]
     bad = [f"{a!r} gold {it.meta.get('answers') or it.answer!r}: ours {s.score}, lmms-eval {t}"
            for it, a, s, t in zip(items, answers, ours, theirs) if s.score != t]
@@ -279,13 +282,14 @@ def mmbench_groups(benchmark, n_groups, seed, edge):
     return items, preds
 
 
-def harness_mmbench_groups(benchmark, items, preds):
-    """Per-group hit of lmms-eval's own aggregation (`eval_result`, as mmbench_*_dev_results_eval calls it):
-    each group is its own category, so the category hit rates are the groups' outcomes."""
+def harness_mmbench_groups(benchmark, items, preds, eval_method="openai"):
+    """Per-group hit of lmms-eval's own aggregation (`eval_result`, as mmbench_*_dev_results_eval calls it,
+    or with "static" as mmbench_en_dev_static's aggregation does): each group is its own category, so the
+    category hit rates are the groups' outcomes."""
     from lmms_eval.tasks.mmbench.mmbench_evals import MMBench_Evaluator
 
     results = [r["gpt_eval_score"] for r in run_task(benchmark, items, preds)]
-    _, by_category, _ = MMBench_Evaluator().eval_result(results, eval_method="openai")
+    _, by_category, _ = MMBench_Evaluator().eval_result(results, eval_method=eval_method)
     return {c[1:]: hit for c, hit in by_category.items()}
 
 
@@ -304,12 +308,21 @@ def test_mmbench_without_a_judge_matches_eval_result(benchmark, monkeypatch):
     scorer = scorer_for(benchmark)
     scored = scorer.score(items, preds)
     units = {u.id: u.score for u in scorer.units(items, scored)}
-    theirs = harness_mmbench_groups(benchmark, items, preds)
+    # without a judge MMBench-EN is mmbench_en_dev_static; MMBench-CN has no static task
+    method = "static" if benchmark == "mmbench" else "openai"
+    theirs = harness_mmbench_groups(benchmark, items, preds, method)
     bad = [f"group {g} {[(it.answer, p) for it, p in zip(items, preds) if it.group == g]}: ours {units[g]}, "
-           f"lmms-eval {theirs[g]} (eval_result, API unreachable)" for g in units if units[g] != theirs[g]]
+           f"lmms-eval {theirs[g]} (eval_result {method}, API unreachable)" for g in units if units[g] != theirs[g]]
     assert not bad, "\n".join(bad[:10])
     by_index = {it.index: s for it, s in zip(items, scored)}
-    for g, p in enumerate(MMBENCH_EDGE[:5]):  # the issue's answers, each alone in its group
+    for g, p in enumerate(MMBENCH_EDGE[:5]):  # answers can_infer cannot read, each alone in its group
         first = by_index[str(g)]
-        assert (first.score, first.note) == (0.0, "unmatched (lmms-eval draws a random letter)"), p
+        if benchmark == "mmbench_cn":
+            assert (first.score, first.note) == (0.0, "unmatched (lmms-eval draws a random letter)"), p
+    if benchmark == "mmbench":  # "**B**" (group 3) is read as B by the static task, right or wrong
+        assert by_index["3"].extracted == "B" and by_index["3"].note.startswith("static fallback")
+        assert "mmbench_en_dev_static" in scorer.protocol
     assert 0 < sum(units.values()) < len(units)
+
+    # the benchmark's overall score: the mean over groups, as eval_result's overall hit rate
+    assert sum(units.values()) / len(units) == pytest.approx(sum(theirs.values()) / len(theirs))

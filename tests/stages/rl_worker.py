@@ -19,7 +19,7 @@ from protege.models.processor import StudentProcessor
 from protege.models.student import build_student
 from protege.models.tokenizer import train_tokenizer
 from protege.rl.loop import RLInputs, fingerprint, run_rl
-from protege.train.runtime.run_folder import STATE, prepare_out_dir
+from protege.runtime.run_folder import STATE, prepare_out_dir
 from protege.world.generate import generate_world
 from protege.world.questions import make_item
 

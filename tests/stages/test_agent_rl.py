@@ -11,7 +11,7 @@ from protege.config import AgentConfig, PPOConfig
 from protege.generation.transformers_backend import Completions, completion_mask
 from protege.rl.agent_loop import run_agent_rl
 from protege.rl.guidance.merged_teacher import merged_thoughts
-from protege.rl.episodes import play
+from protege.rollout.episodes import play
 from protege.generation.transformers_backend import Sampling
 from protege.train.agent_sft import expert_as_episode, grid_params, train_agent_sft
 from protege.world.envs import expert_episode, make_env, train_seed
@@ -191,7 +191,7 @@ def test_a_multi_process_launch_is_refused_in_one_line(tiny_student, tiny_proces
 def test_thought_mask_covers_each_turns_tokens_before_its_action(tiny_processor):
     """GTR-Turbo's KL is paid on thought tokens only: the action and the end-of-turn token are left out, and a
     turn with no parseable action is all thought."""
-    from protege.rl.episodes import pack
+    from protege.rollout.episodes import pack
     from protege.rl.guidance.merged_teacher import thought_mask
 
     tok, eos = tiny_processor.tokenizer, tiny_processor.eos_token_id

@@ -7,8 +7,8 @@ import torch
 from PIL import Image
 
 from protege.generation.transformers_backend import Sampling
-from protege.rl.episodes import pack_episodes, play
-from protege.rl.trajectory import token_logprobs
+from protege.rollout.episodes import pack_episodes, play
+from protege.rollout.trajectory import token_logprobs
 
 
 @dataclass
@@ -122,8 +122,8 @@ def test_an_answer_is_a_one_turn_episode_scored_as_a_packed_one(tiny_student, ti
     """The question loop's trajectory (left-padded prompt, targets after it) and the same tokens packed as
     one-turn episodes (right-padded, targets from the second token) give each answer token the same log-prob."""
     from protege.generation.transformers_backend import sample
-    from protege.rl.episodes import pack
-    from protege.rl.trajectory import from_completions
+    from protege.rollout.episodes import pack
+    from protege.rollout.trajectory import from_completions
 
     questions = ["What colour is the square?", "How many circles are there in the picture?"]
     images = [Image.new("RGB", (64, 64), (200, 0, 0)), Image.new("RGB", (64, 64), (0, 0, 200))]

@@ -22,7 +22,7 @@ from protege.merging.streaming import merge_folders
 from protege.models.discriminator import Discriminator
 from protege.models.student import load_student, save_student
 from protege.rl.agent_loop import run_agent_rl
-from protege.rl.trajectory import from_completions, token_logprobs
+from protege.rollout.trajectory import from_completions, token_logprobs
 from protege.rl.loop import RLInputs, run_rl
 from protege.train.disc_pretrain import Example, pretrain_discriminator
 from protege.train.sft import train_sft

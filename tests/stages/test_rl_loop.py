@@ -175,7 +175,7 @@ def _log(out):
 def test_sigkill_then_rerun_reaches_bitwise_the_same_weights(tmp_path):
     from safetensors.torch import load_file
 
-    from protege.train.runtime.state import read_state
+    from protege.runtime.state import read_state
 
     ref = _worker(tmp_path / "whole")  # uninterrupted, alongside the run that gets killed
     victim = _worker(tmp_path / "killed", "--step-delay", "1.0")
@@ -273,7 +273,7 @@ def test_more_steps_continue_a_finished_run(tiny_student, tiny_processor, rows, 
 
 
 def test_changed_params_keep_the_old_checkpoints_until_the_new_run_has_a_state(tmp_path):
-    from protege.train.runtime.run_folder import STATE, drop_previous, prepare_out_dir, previous_dir
+    from protege.runtime.run_folder import STATE, drop_previous, prepare_out_dir, previous_dir
 
     out = tmp_path / "rl"
     (out / "step-00040").mkdir(parents=True)
@@ -295,9 +295,9 @@ def test_changed_params_keep_the_old_checkpoints_until_the_new_run_has_a_state(t
 
 
 def _save_and_die_between_renames(folder, student):
-    from protege.train.runtime import state as checkpoint
-    from protege.train.runtime.state import OptimizerState, Weights
-    from protege.train.runtime.updaters import make_updater
+    from protege.runtime import state as checkpoint
+    from protege.runtime.state import OptimizerState, Weights
+    from protege.runtime.updaters import make_updater
 
     updater = make_updater("torch", student, list(student.parameters()), 1e-3, 2, torch.device("cpu"))
     parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater)}
@@ -315,8 +315,8 @@ def _save_and_die_between_renames(folder, student):
 
 
 def test_a_kill_between_the_state_renames_loses_nothing(tiny_student, tmp_path):
-    from protege.train.runtime.state import OptimizerState, Weights, read_state, recover_state, save_state
-    from protege.train.runtime.updaters import make_updater
+    from protege.runtime.state import OptimizerState, Weights, read_state, recover_state, save_state
+    from protege.runtime.updaters import make_updater
 
     folder = tmp_path / "state"
     updater = make_updater("torch", tiny_student, list(tiny_student.parameters()), 1e-3, 2, torch.device("cpu"))

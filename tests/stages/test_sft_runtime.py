@@ -15,7 +15,7 @@ from protege.data.rows import load_rows
 from protege.models.discriminator import Discriminator
 from protege.models.student import build_student, load_student, save_student
 from protege.train.disc_pretrain import pretrain_discriminator
-from protege.train.runtime.distributed import global_mean_share
+from protege.runtime.distributed import global_mean_share
 from protege.train.sft import answer_loss, answer_tokens
 from tests.conftest import REPO
 from tests.stages import sft_worker

@@ -51,7 +51,7 @@ def test_sigkill_mid_fill_then_rerun_gives_one_answer_per_key(tmp_path):
         import socket, subprocess, sys
         s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
         open({str(port_file)!r}, "w").write(str(port))
-        from protege.teachers.loopback_server import main
+        from protege.loopback_server import main
         sys.argv = ["x", "--port", str(port), "--latency", "0.05"]
         main()
     """)])

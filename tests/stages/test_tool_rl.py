@@ -9,8 +9,8 @@ import torch
 from protege.config import ModelConfig, ToolConfig
 from protege.models.student import build_student
 from protege.rl.agent_loop import run_agent_rl
-from protege.rl.episodes import play
-from protege.rl.games import env_factory, expert_episodes, sampling_for
+from protege.rollout.episodes import play
+from protege.rollout.games import env_factory, expert_episodes, sampling_for
 from protege.tools.sandbox import SandboxUnavailable, isolation_tool
 from protege.train.agent_sft import expert_as_episode, train_agent_sft
 from protege.world.envs import train_seed
@@ -117,7 +117,7 @@ def test_tool_config_refuses_a_markov_context():
 
 
 def test_unsafe_flag_is_needed_without_bubblewrap(monkeypatch):
-    from protege.rl import games
+    from protege.rollout import games
     from protege.tools import sandbox
 
     monkeypatch.setattr(sandbox, "isolation_tool", lambda: None)

@@ -135,7 +135,7 @@ def test_every_resume_fingerprint_ignores_cadence_and_placement_and_sees_the_lr(
     from protege.rl.agent_loop import agent_fingerprint
     from protege.rl.loop import fingerprint as rl_fingerprint
     from protege.train.agent_sft import sft_fingerprint
-    from protege.train.runtime.state import fingerprint
+    from protege.runtime.state import fingerprint
 
     def fp(**changes):
         if loop == "sft":

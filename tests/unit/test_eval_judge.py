@@ -4,11 +4,14 @@ import re
 
 import pytest
 
-from protege.config import TeacherSpec
+from protege.config import JudgeSpec, TeacherSpec
 from protege.bench.items import BenchItem
 from protege.eval.score import Prediction, score_benchmark
+from protege.eval.judging import JudgeCompleter, JudgeTally, check_tally, min_prompts_for_share
+from protege.eval.report import markdown, new_report
+from protege.eval.scorers.mmvet import EMPTY_NOTE
 from protege.eval.suite import completer_for
-from protege.teachers.loopback_server import ServerBehaviour, serve_in_thread
+from protege.loopback_server import ServerBehaviour, serve_in_thread
 
 
 def grade(prompt: str) -> str:
@@ -20,7 +23,9 @@ def grade(prompt: str) -> str:
 
 
 @pytest.mark.parametrize("protocol, requests, prompt_start", [
-    ("lmms-eval", 7, "Compare the ground truth"),   # four grades + three retries; lmms-eval's own prompt
+    # four grades; the rambling one asked at temperatures 0, 0.5, 1, 1.5, each followed by the ask whose reply
+    # lmms-eval drops: 3 + 8 asks; lmms-eval's own prompt
+    ("lmms-eval", 11, "Compare the ground truth"),
     ("lenient", 5, "Grade how correct"),            # four grades + one retry; protege's prompt
 ])
 def test_mmvet_scored_by_an_llm_grader(tmp_path, protocol, requests, prompt_start):
@@ -54,7 +59,7 @@ def test_mmvet_without_a_judge_says_it_is_not_comparable():
 # --- the judge's reply as OpenAI-compatible servers send it --------------------------------------------
 
 from protege.errors import UserFacingError  # noqa: E402
-from protege.teachers import loopback_server  # noqa: E402
+from protege import loopback_server  # noqa: E402
 from protege.teachers.openai_backend import EmptyReply, reply_text  # noqa: E402
 
 
@@ -152,7 +157,9 @@ def test_mathvista_uses_the_judges_extraction_whatever_its_reply_shape(tmp_path,
     assert behaviour.counts["requests"] == 2
 
 
-def test_an_empty_judge_reply_stops_scoring_and_names_the_field(tmp_path, monkeypatch):
+def test_a_judge_cut_off_by_its_token_limit_on_every_prompt_stops_scoring_and_names_the_field(tmp_path,
+                                                                                               monkeypatch):
+    """No usable reply at all, and not only blank ones: a misconfigured judge stops the run in one line."""
     pytest.importorskip("lmms_eval")
     empty = lambda t: body({"role": "assistant", "content": None, "reasoning_content": "Let me see"},  # noqa: E731
                            finish_reason="length")
@@ -164,5 +171,109 @@ def test_an_empty_judge_reply_stops_scoring_and_names_the_field(tmp_path, monkey
                                                              "2": Prediction("2", "About thirteen.")},
                             n_boot=10, complete=completer_for(spec, tmp_path, seed=0))
     message = str(err.value)
-    assert "evaluate.judge 'judge'" in message and "2 of 2 prompts" in message
+    assert "evaluate.judge 'judge'" in message and "2 of 2 prompts" in message and "\n" not in message
     assert "choices[0].message.content is null" in message and "raise max_tokens" in message
+
+
+def test_an_unreachable_judge_stops_scoring_in_one_line(tmp_path):
+    behaviour = ServerBehaviour(fail_after=0, status_on_failure=401)
+    items = [BenchItem("mmvet", f"v{i}", "What colour?", [], "red") for i in range(3)]
+    with serve_in_thread(behaviour) as url:
+        spec = JudgeSpec(name="judge", backend="openai", model="judge", base_url=url, max_retries=0)
+        with pytest.raises(UserFacingError, match=r"no usable reply to 3 of 3 prompts \(mmvet\): HTTP 401"):
+            score_benchmark("mmvet", items, {it.index: Prediction(it.index, f"red {it.index}") for it in items}, n_boot=10,
+                            complete=completer_for(spec, tmp_path, seed=0))
+
+
+def blank_for(marker: str, grade: str = "1.0"):
+    """A grader that answers blank content for the rows holding `marker`, `grade` otherwise."""
+    return lambda prompt: "" if marker in prompt.strip().splitlines()[-1] else grade
+
+
+def test_one_blank_judge_reply_is_scored_as_lmms_eval_scores_it(tmp_path):
+    """MM-Vet: lmms-eval's get_chat_response asks three times, gets '', and the item scores 0; the others go on,
+    and the report counts the blank reply."""
+    pytest.importorskip("lmms_eval")
+    items = [BenchItem("mmvet", f"v{i}", f"What colour? ({i})", [], "red") for i in range(4)]
+    preds = {"v0": "red", "v1": "It is red (blank)", "v2": "red", "v3": "red"}
+    behaviour = ServerBehaviour(reply=blank_for("(blank)"))
+    with serve_in_thread(behaviour) as url:
+        spec = JudgeSpec(name="judge", backend="openai", model="judge", base_url=url, max_retries=0)
+        summary, rows, _ = score_benchmark("mmvet", items, {k: Prediction(k, v) for k, v in preds.items()},
+                                           n_boot=10, complete=completer_for(spec, tmp_path, seed=0))
+    assert [r["score"] for r in rows] == [1.0, 0.0, 1.0, 1.0]
+    assert rows[1]["note"] == EMPTY_NOTE
+    assert behaviour.counts["requests"] == 3 + 3                 # the blank one asked three times
+    assert summary["judge"]["prompts"] == 4 and summary["judge"]["unusable"] == summary["judge"]["empty"] == 1
+    assert JudgeTally(**summary["judge"]).line() == "1 of 4 judge replies were empty"
+    # the evaluation report's scoring notes carry the count
+    from protege.config import EvaluateConfig
+
+    report = new_report(EvaluateConfig(), {"mmvet": tmp_path / "mmvet.json"}, "m")
+    report["score"] = 75.0
+    report["models"]["m"] = {"benchmarks": {"mmvet": summary}, "average": 75.0, "average_ci": [0, 100],
+                             "mean_tokens": 1.0, "mean_latency_s": 0.0, "seconds_per_answer": 0.0}
+    assert "- mmvet (m): 1 of 4 judge replies were empty" in markdown(report)
+
+
+def test_one_blank_extraction_is_scored_as_lmms_eval_scores_it(tmp_path, monkeypatch):
+    """MathVista: the blank extraction is '' after get_chat_response's patience, then the usual fallback
+    (multi_choice: the choice nearest to '', here "3 cm"); the float question is extracted as usual."""
+    pytest.importorskip("lmms_eval")
+    shapes = {"D": body({"role": "assistant", "content": ""}, finish_reason="stop"),
+              "13": body({"role": "assistant", "content": "13"}, finish_reason="stop")}
+    monkeypatch.setattr(loopback_server, "make_app", shaped_judge(lambda t: shapes[t]))
+    behaviour = ServerBehaviour()
+    with serve_in_thread(behaviour) as url:
+        spec = JudgeSpec(name="judge", backend="openai", model="judge", base_url=url, max_retries=0)
+        summary, rows, _ = score_benchmark("mathvista", mathvista_items(),
+                                           {"1": Prediction("1", "The last one."),
+                                            "2": Prediction("2", "About thirteen.")},
+                                           n_boot=10, complete=completer_for(spec, tmp_path, seed=0))
+    assert [(r["score"], r["extracted"], r["note"]) for r in rows] == [(0.0, "3 cm", "llm: empty reply"),
+                                                                       (1.0, "13.0", "llm extraction")]
+    assert behaviour.counts["requests"] == 5 + 1
+    assert summary["judge"]["unusable"] == 1
+
+
+@pytest.mark.parametrize("blank, fails", [(1, False), (2, True)])
+def test_more_unusable_replies_than_max_unusable_stop_the_run(tmp_path, blank, fails):
+    """20 prompts at 5%: one blank reply is within the share, two are not."""
+    pytest.importorskip("lmms_eval")
+    items = [BenchItem("mmvet", f"v{i}", f"What colour? ({i})", [], "red") for i in range(20)]
+    preds = {it.index: ("red (blank)" if i < blank else "red") for i, it in enumerate(items)}
+    with serve_in_thread(ServerBehaviour(reply=blank_for("(blank)"))) as url:
+        spec = JudgeSpec(name="judge", backend="openai", model="judge", base_url=url, max_retries=0)
+        run = lambda: score_benchmark("mmvet", items, {k: Prediction(k, v) for k, v in preds.items()},  # noqa: E731
+                                      n_boot=10, complete=completer_for(spec, tmp_path, seed=0))
+        if fails:
+            with pytest.raises(UserFacingError, match=r"2 of 20 judge replies were empty on mmvet \(10.0%, more "
+                                                      r"than evaluate.judge.max_unusable 5%\)"):
+                run()
+        else:
+            assert run()[0]["judge"]["unusable"] == 1
+
+
+def test_the_tally_is_per_benchmark_and_the_share_needs_enough_prompts():
+    assert min_prompts_for_share(0.05) == 20 and min_prompts_for_share(0.1) == 10 and min_prompts_for_share(0) == 1
+    check_tally(JudgeTally(3, 3, 3, {"empty reply": 3}), "j", 0.05, "b")          # three blanks, too few to judge
+    with pytest.raises(UserFacingError, match="1 of 1 judge replies were empty"):
+        check_tally(JudgeTally(1, 1, 1, {"empty reply": 1}), "j", 0.0, "b")        # max_unusable 0: none allowed
+    with pytest.raises(UserFacingError, match="no usable reply to 1 of 1"):
+        check_tally(JudgeTally(1, 1, 0, {"HTTP 500": 1}), "j", 0.05, "b")
+    calls = iter([({0: "0.5"}, {1: ("empty", "empty reply")}), ({0: "0.5"}, {})])
+    judge = JudgeCompleter(lambda prompts: next(calls), "j", 0.05)
+    assert judge(["p", "q"]) == ["0.5", ""]
+    assert judge.take_tally() == JudgeTally(2, 1, 1, {"empty reply": 1})
+    assert judge(["p"]) == ["0.5"] and judge.take_tally() == JudgeTally(1, 0, 0, {})
+
+
+def test_max_unusable_is_a_judge_setting():
+    from protege.config import EvaluateConfig
+
+    ev = EvaluateConfig(judge={"name": "g", "backend": "openai", "model": "m", "base_url": "http://h/v1",
+                               "max_unusable": 0.2})
+    assert ev.judge.max_unusable == 0.2
+    with pytest.raises(ValueError):
+        EvaluateConfig(judge={"name": "g", "backend": "openai", "model": "m", "base_url": "http://h/v1",
+                              "max_unusable": 1.5})

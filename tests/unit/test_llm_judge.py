@@ -3,7 +3,7 @@ import re
 
 from protege.rewards.llm_judge import LLMJudge, parse_verdict
 from protege.teachers.backends import SamplingParams
-from protege.teachers.loopback_server import ServerBehaviour, serve_in_thread
+from protege.loopback_server import ServerBehaviour, serve_in_thread
 from protege.teachers.openai_backend import OpenAITeacher
 
 

@@ -1,8 +1,8 @@
-"""The per-rank share of a loss that is a mean over the whole global batch (protege/train/runtime)."""
+"""The per-rank share of a loss that is a mean over the whole global batch (protege/runtime)."""
 import pytest
 import torch
 
-from protege.train.runtime.distributed import global_mean_share
+from protege.runtime.distributed import global_mean_share
 
 
 def test_shares_average_to_the_mean_over_every_token_of_the_global_batch():

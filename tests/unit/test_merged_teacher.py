@@ -3,7 +3,8 @@ terms (KL penalty, thought cross-entropy) on hand-computed values."""
 import pytest
 import torch
 
-from protege.rl.losses import clipped_surrogate, merged_kl_penalty, thought_sft_loss
+from protege.rl.losses import clipped_surrogate, merged_kl_penalty
+from protege.rollout.trajectory import thought_sft_loss
 from protege.rl.merged_teacher import MergedTeacher
 
 INIT = {"w": torch.tensor([0.0, 1.0, -2.0, 4.0]), "b": torch.tensor([[1.0, 1.0]])}

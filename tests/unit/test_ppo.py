@@ -4,7 +4,7 @@ import torch
 
 from protege.rl.estimators import ESTIMATORS, Returns
 from protege.rl.ppo import gae, turn_values, value_loss
-from protege.rl.trajectory import Trajectory
+from protege.rollout.trajectory import Trajectory
 
 
 def test_gae_by_hand():

@@ -28,7 +28,7 @@ def test_a_checkpoint_saved_inside_a_stage_holds_its_record(tiny_student, tiny_p
 def test_a_training_state_holds_the_record(tmp_path):
     import random
 
-    from protege.train.runtime.state import save_state
+    from protege.runtime.state import save_state
 
     provenance.set_current({"stage": "rl"})
     save_state(tmp_path / "state", step=1, parts={}, py_rng=random.Random(0), cursor={}, fingerprint="f")

@@ -13,7 +13,7 @@ from protege.eval.scorers.letters import (
 )
 from protege.eval.scorers.lmms_mathvista import NO_JUDGE, edit_distance, normalize_extraction
 from protege.eval.scorers.vlmevalkit_match import can_infer
-from protege.eval.scorers.mmvet import RULE_NOTE, lmms_parse_grade, parse_grade, rule_grade
+from protege.eval.scorers.mmvet import EMPTY_NOTE, RULE_NOTE, lmms_parse_grade, parse_grade, rule_grade
 from protege.eval.stats import score_of
 
 FRUIT = {"A": "Apple", "B": "Pear", "C": "Plum", "D": "Fig"}
@@ -244,16 +244,31 @@ def test_circular_without_complete_is_unmatched():
     assert scored[3].score == 0.0 and scored[3].note == "unmatched"
 
 
-@pytest.mark.parametrize("benchmark", ["mmbench", "mmbench_cn"])
-def test_lmms_mmbench_without_a_judge_never_reads_past_can_infer(benchmark):
-    """mmbench_en_dev / mmbench_cn_dev without their GPT: three failed calls, then a random letter (0 here);
-    the lenient reader reads the same answers."""
+def test_lmms_mmbench_cn_without_a_judge_never_reads_past_can_infer():
+    """mmbench_cn_dev without its GPT (it has no static task): three failed calls, then a random letter (0
+    here); the lenient reader reads the same answers."""
     answers = ["It is A and it is", "A or B", "答案是A", "**A**", "A。"]
-    items = [BenchItem(benchmark, str(i), "Q?", [], "A", options={"A": "cat", "B": "dog"}) for i in range(5)]
-    out = scorer_for(benchmark).score(items, answers)
+    items = [BenchItem("mmbench_cn", str(i), "Q?", [], "A", options={"A": "cat", "B": "dog"}) for i in range(5)]
+    out = scorer_for("mmbench_cn").score(items, answers)
     assert [(s.score, s.note) for s in out] == [(0.0, "unmatched (lmms-eval draws a random letter)")] * 5
-    lenient = scorer_for(benchmark, "lenient").score(items, answers)
+    lenient = scorer_for("mmbench_cn", "lenient").score(items, answers)
     assert [s.score for s in lenient] == [1.0, 0.0, 1.0, 1.0, 1.0]   # "A or B" is a hedge: no answer
+
+
+def test_lmms_mmbench_en_without_a_judge_is_the_static_task():
+    """mmbench_en_dev_static: where can_infer reads nothing, extract_mcq_answer among the filled options
+    A-D (its start / phrase / end rules read each of these as A; "D" is not an option here)."""
+    answers = ["It is A and it is", "A or B", "答案是A", "**A**", "A。", "no idea", "C or D"]
+    items = [BenchItem("mmbench", str(i), "Q?", [], "A", options={"A": "cat", "B": "dog"})
+             for i in range(len(answers))]
+    scorer = scorer_for("mmbench")
+    out = scorer.score(items, answers)
+    assert [s.extracted for s in out] == ["A"] * 5 + ["", ""]
+    assert [s.score for s in out] == [1.0] * 5 + [0.0, 0.0]
+    assert out[3].note.startswith("static fallback") and out[6].note.startswith("unmatched")
+    assert "mmbench_en_dev_static" in scorer.protocol
+    scorer.score(items, answers, complete=lambda prompts: ["A"] * len(prompts))
+    assert "mmbench_en_dev " in scorer.protocol   # with a judge: the GPT-matching task
 
 
 def test_lmms_mmbench_quantifier_guard():
@@ -452,10 +467,12 @@ def test_mmmu_open():
     preds = ["The total is 1200 dollars.", "so the answer is five", "The wire is made of Copper.",
              "x = 3.50", "The answer is 13.", "It is an apple"]
     assert scores("mmmu", items, preds, "lenient") == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
-    # lmms-eval 0.7.3: no number words; any element of a list gold counts (eval_open)
-    assert scores("mmmu", items, preds) == [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    # lmms-eval 0.7.3: no number words; any element of a list-typed gold counts (eval_open), but a gold
+    # written as a list in a text cell stays that text, which "x = 3.50" does not contain
+    assert scores("mmmu", items, preds) == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     listed = [open_item("mmmu", "3", "7", meta={"answers": ["3", "three"]}), open_item("mmmu", "['3', 'three']", "8")]
-    assert scores("mmmu", listed, ["three", "The answer is three."]) == [1.0, 1.0]
+    assert scores("mmmu", listed, ["three", "The answer is three."]) == [1.0, 0.0]
+    assert scores("mmmu", listed, ["three", "The answer is three."], "lenient") == [1.0, 1.0]
 
 
 def test_mmmu_mc_without_options_is_user_error():
@@ -508,11 +525,26 @@ def test_mmvet_lmms_eval_reading_of_grades():
     assert [lmms_parse_grade(r) for r in ["0.5", " 1.0 because", "0.5\nbecause", "1e-1", "nan", "1.5", "-0"]] == [
         0.5, 1.0, None, 0.1, None, None, 0.0]
     items = [open_item("mmvet", "Paris<AND>Berlin", str(i)) for i in range(2)]
-    llm = FakeLLM(["0.5", "high"], ["x"], ["y"], ["0.3"])
+    # "high" is no number: lmms-eval asks again at temperature 0.5, drops that reply (0.9), asks once more
+    llm = FakeLLM(["0.5", "high"], ["0.9"], ["0.3"])
     out = scorer_for("mmvet").score(items, ["Paris ", "Rome"], llm)
-    assert [len(c) for c in llm.calls] == [2, 1, 1, 1]
+    assert [len(c) for c in llm.calls] == [2, 1, 1]
     assert llm.calls[0][0].endswith("\nQ? | Paris <AND> Berlin | Paris |")   # stripped by the harness only
     assert [s.score for s in out] == [0.5, 0.3]
+    # four unreadable grades (temperatures 0 to 1.5), each followed by the dropped ask: 0 at temperature 2
+    llm = FakeLLM(*[["no"]] * 8)
+    out = scorer_for("mmvet").score(items[:1], ["Rome"], llm)
+    assert (len(llm.calls), out[0].score, out[0].note) == (8, 0.0, "judge reply unusable")
+
+
+def test_mmvet_lmms_eval_blank_reply_scores_zero_after_get_chat_responses_patience():
+    pytest.importorskip("lmms_eval")
+    item = [open_item("mmvet", "Paris")]
+    llm = FakeLLM([""], ["  "], [""])          # get_chat_response asks three times, then returns ''
+    out = scorer_for("mmvet").score(item, ["Paris"], llm)
+    assert len(llm.calls) == 3 and (out[0].score, out[0].note) == (0.0, EMPTY_NOTE)
+    llm = FakeLLM([""], ["0.4"])                 # a blank reply, then a grade: the grade counts
+    assert scorer_for("mmvet").score(item, ["Paris"], llm)[0].score == 0.4
 
 
 # --- registry ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 def test_sft_schedule_warms_up_then_decays_to_a_tenth():
     from protege.config import SFTConfig
-    from protege.train.runtime.schedule import lr_factor
+    from protege.runtime.schedule import lr_factor
 
     cfg = SFTConfig(steps=110, warmup_steps=10, schedule="cosine")
     assert lr_factor(0, cfg) == 0.1 and lr_factor(4, cfg) == 0.5  # (step + 1) / 10

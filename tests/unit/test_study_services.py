@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from protege.rewards.llm_judge import LLMJudge
-from protege.teachers.loopback_server import ServerBehaviour, rule_verdicts, serve_in_thread
+from protege.loopback_server import ServerBehaviour, rule_verdicts, serve_in_thread
 from protege.teachers.openai_backend import OpenAITeacher
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from protege.teachers.backends import SamplingParams, ScriptedTeacher, TeacherRequest
 from protege.teachers.cache import TeacherCache, TeacherCacheIncomplete, cache_key
-from protege.teachers.loopback_server import ServerBehaviour, serve_in_thread
+from protege.loopback_server import ServerBehaviour, serve_in_thread
 from protege.teachers.openai_backend import OpenAITeacher
 
 

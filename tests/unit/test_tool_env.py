@@ -328,7 +328,7 @@ def test_slip_episodes_fail_then_fix_the_import(sandbox):
 
 def test_solver_slips_share_is_per_seed(sandbox):
     from protege.config import ToolConfig
-    from protege.rl import games
+    from protege.rollout import games
 
     def slipped(share, n):
         cfg = ToolConfig(task={"kinds": ["count"]}, solver_slips=share)

@@ -10,9 +10,13 @@ from protege.eval.scorers.letters import (
     read_letter,
     read_matching_reply,
 )
+from protege.eval.scorers.lmms_mcq import lmms_mcq_letter
 from protege.eval.scorers.lmms_pipeline import lmms_response
 from protege.eval.scorers.multiple_choice import gold_letter
 from protege.eval.scorers.vlmevalkit_match import API_FAILURE, can_infer
+
+
+STATIC_NOTE = "static fallback (lmms-eval mmbench_en_dev_static: extract_mcq_answer)"
 
 
 def group_key(item: BenchItem) -> str:
@@ -33,12 +37,13 @@ class CircularScorer:
     lenient, protege's wording, once. Where the harness then picks a random letter, we score the copy 0
     with note "unmatched". Under lmms-eval the responses are first taken as the harness hands them over
     (`lmms_response`: reasoning blocks dropped, stripped).
-    With no `complete`: under lmms-eval, what `mmbench_en_dev` and `mmbench_cn_dev` do when their GPT
-    cannot be reached (their aggregation always calls `eval_result(eval_method="openai")`): three
-    failed API calls, then a random letter, so the copies `can_infer` cannot read score 0 with note
-    "unmatched (lmms-eval draws a random letter)" ("A or B", "答案是B", "**B**" and "B。" among them;
-    only the separate EN task `mmbench_en_dev_static` reads them with `extract_mcq_answer`); under
-    vlmevalkit "unmatched" (its exact matching); under lenient, `read_letter` reads them.
+    With no `complete`, under lmms-eval: MMBench-EN follows `mmbench_en_dev_static` (its aggregation calls
+    `eval_result(eval_method="static")`): the copies `can_infer` cannot read go to `extract_mcq_answer`
+    among the filled options A-D ("**B**", "答案是B" read there); MMBench-CN has no static task, so it
+    follows `mmbench_cn_dev` with its GPT unreachable: three failed API calls, then a random letter, so
+    those copies score 0 with note "unmatched (lmms-eval draws a random letter)". Under vlmevalkit
+    "unmatched" (its exact matching); under lenient, `read_letter` reads them. The summary's protocol
+    line names the lmms-eval task the scoring matched.
     `units()` gives one unit per group (category and difficulty of the group's first copy); the
     benchmark score is the mean over groups (micro).
     """
@@ -57,6 +62,9 @@ class CircularScorer:
     def score(self, items: list[BenchItem], predictions: list[str],
               complete: Completer | None = None) -> list[Scored]:
         check_lengths(items, predictions, "predictions")
+        if self._protocol == "lmms-eval":
+            self.protocol = (f"lmms-eval: {self.harness_task(complete is not None)}, CircularEval; group right "
+                             "only if all copies are")
         golds = [gold_letter(it, it.options) for it in items]
         if self._protocol == "lmms-eval":
             predictions = [lmms_response(p) for p in predictions]
@@ -78,11 +86,27 @@ class CircularScorer:
             for i in pending:
                 read[i] = read_letter(predictions[i] or "", items[i].options)[0]
                 notes[i] = "rules-only fallback" if read[i] else "unmatched"
+        elif self._protocol == "lmms-eval" and self.benchmark == "mmbench":
+            # mmbench_en_dev_static: extract_mcq_answer among the filled options A-D where can_infer read nothing
+            for i in pending:
+                letters = sorted(k for k in items[i].options if k in "ABCD")
+                read[i] = lmms_mcq_letter(predictions[i] or "", letters) or None
+                notes[i] = STATIC_NOTE if read[i] else "unmatched (mmbench_en_dev_static: no letter found)"
         else:  # lmms-eval draws a letter after three failed API calls; VLMEvalKit's exact matching fails it
             for i in pending:
                 notes[i] = self._unmatched if self._protocol == "lmms-eval" else "unmatched"
         return [Scored(it.index, r or "", float(r is not None and r == g), n)
                 for it, r, g, n in zip(items, read, golds, notes)]
+
+    def harness_task(self, judged: bool) -> str:
+        """The lmms-eval task this scoring matches: with a judge the GPT-matching dev task; without one,
+        MMBench-EN's static task (`mmbench_en_dev_static`), MMBench-CN's dev task with its API unreachable
+        (it has no static task)."""
+        if self.benchmark == "mmbench":
+            return "mmbench_en_dev (can_infer, then the judge)" if judged else \
+                "mmbench_en_dev_static (can_infer, then extract_mcq_answer)"
+        return "mmbench_cn_dev (can_infer, then the judge)" if judged else \
+            "mmbench_cn_dev (can_infer; no judge: lmms-eval draws a random letter)"
 
     def _judge_prompt(self, item: BenchItem, prediction: str) -> str:
         if self._protocol != "lmms-eval":

@@ -8,7 +8,6 @@ where the harness draws a random letter we score 0.
 """
 from __future__ import annotations
 
-import ast
 import re
 import string
 
@@ -244,19 +243,13 @@ def _mmmu_normalised(value: str) -> list:
 
 
 def mmmu_open_golds(item: BenchItem) -> list[str]:
-    """The accepted answers of an open question. `eval_open` takes any element of a list gold; a list
-    reaches us as `meta["answers"]` or as its literal (a reader writes a list-valued cell as one)."""
+    """The accepted answers of an open question. `eval_open` takes any element of a list gold, which
+    reaches us as `meta["answers"]` (a list-typed answer column). A string gold stays one string, as
+    lmms-eval keeps `doc["answer"]`, even when it reads like a list ("['3', 'three']", as in the HF
+    data): the harness then matches the literal text, so "three" is wrong; protocol `lenient` parses it."""
     listed = item.meta.get("answers")
     if isinstance(listed, (list, tuple)) and listed:
         return [str(a) for a in listed]
-    text = item.answer.strip()
-    if text.startswith("[") and text.endswith("]"):
-        try:
-            parsed = ast.literal_eval(text)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            parsed = None
-        if isinstance(parsed, (list, tuple)) and parsed:
-            return [str(a) for a in parsed]
     return [item.answer]
 
 

@@ -102,7 +102,61 @@ def lmms_parse_grade(reply: str) -> float | None:
     return value if 0.0 <= value <= 1.0 else None
 
 
-_GRADER_ATTEMPTS = 4  # lmms-eval retries at temperatures 0.5, 1.0, 1.5 and gives 0 at 2.0
+_GRADER_ATTEMPTS = 4  # lmms-eval's grades at temperatures 0, 0.5, 1.0 and 1.5; at 2.0 it gives 0
+_PATIENCE = 3         # lmms-eval's get_chat_response: a blank reply is asked again, three asks in all
+EMPTY_NOTE = "judge reply empty (scored 0, as lmms-eval does)"
+UNUSABLE_NOTE = "judge reply unusable"
+
+
+def _ask_patiently(complete: Completer, prompts: dict[int, str]) -> dict[int, str]:
+    """`get_chat_response`: each prompt asked until its reply is not blank, three asks in all; the reply
+    stripped, '' when all three were blank (or failed)."""
+    got: dict[int, str] = {}
+    pending = list(prompts)
+    for _ in range(_PATIENCE):
+        for i, reply in zip(pending, ask(complete, [prompts[i] for i in pending])):
+            if reply.strip():
+                got[i] = reply.strip()
+        pending = [i for i in pending if i not in got]
+        if not pending:
+            break
+    return {i: got.get(i, "") for i in prompts}
+
+
+def lmms_grade_loop(complete: Completer, prompts: list[str]) -> list[tuple[float, str]]:
+    """lmms-eval 0.7.3 `mmvet_process_results`' grading loop for every prompt, batched across prompts:
+    a blank reply scores 0 at once; a grade that is not a number raises the temperature by 0.5 and asks
+    once more, and that reply is dropped (the harness assigns it and then asks again at the top of its
+    loop), so the next grade read is the one after it; at temperature 2.0 the item scores 0. Our judge
+    always decodes greedily, so only the number of asks follows the temperature. A number outside
+    [0, 1] or NaN is asked again (lmms-eval loops at the same temperature without end; we stop after
+    `_GRADER_ATTEMPTS` grades and score 0)."""
+    out: dict[int, tuple[float, str]] = {}
+    asked = dict.fromkeys(range(len(prompts)), 0)
+    pending = list(range(len(prompts)))
+    while pending:
+        replies = _ask_patiently(complete, {i: prompts[i] for i in pending})
+        dropped, again = [], []
+        for i in pending:
+            asked[i] += 1
+            if not replies[i]:
+                out[i] = (0.0, EMPTY_NOTE)
+                continue
+            try:
+                value = float(replies[i].split(" ")[0].strip())
+            except ValueError:
+                dropped.append(i)
+                value = None
+            if value is not None and 0.0 <= value <= 1.0:
+                out[i] = (value, "judge")
+            elif asked[i] >= _GRADER_ATTEMPTS:
+                out[i] = (0.0, UNUSABLE_NOTE)
+            else:
+                again.append(i)
+        if dropped:
+            _ask_patiently(complete, {i: prompts[i] for i in dropped})
+        pending = again
+    return [out[i] for i in range(len(prompts))]
 
 
 class MMVetScorer(ItemScorer):
@@ -113,8 +167,8 @@ class MMVetScorer(ItemScorer):
 
     protocol "lmms-eval": lmms-eval 0.7.3's `mmvet_process_results` with its own MM_VET_PROMPT (read
     from the installed lmms-eval, see `harness_prompts`), its query layout (`lmms_grader_prompt`) and
-    reply reading (`lmms_parse_grade`); an unusable reply is asked again, up to four asks in all, then
-    scores 0 (note "judge reply unusable"), as lmms-eval does when its temperature reaches 2.
+    reply reading, and its grading loop with its retries (`lmms_grade_loop`: a blank reply scores 0, an
+    unreadable grade is asked again twice, the first of the two replies dropped, up to temperature 2).
     protocol "lenient": protege's own wording of the grader (same scale and <AND>/<OR> rules) and
     `parse_grade`; an unparsable reply is asked again once, then scores 0.
     `grader_prompt` (evaluate.mmvet_grader_prompt, a user file) replaces the few-shot prefix under
@@ -148,13 +202,15 @@ class MMVetScorer(ItemScorer):
             return [Scored(it.index, p.strip()[:200], rule_grade(it.answer, p), RULE_NOTE)
                     for it, p in zip(items, preds)]
         prompts = [self.prompt(it, p) for it, p in zip(items, preds)]
-        parse = lmms_parse_grade if self.lmms else parse_grade
+        if self.lmms:
+            graded = lmms_grade_loop(complete, prompts)
+            return [Scored(it.index, p.strip()[:200], g, note) for it, p, (g, note) in zip(items, preds, graded)]
         grades: list[float | None] = [None] * len(items)
         pending = list(range(len(items)))
-        for _ in range(_GRADER_ATTEMPTS if self.lmms else 2):
+        for _ in range(2):  # an unparsable grade is asked again once
             for i, reply in zip(pending, ask(complete, [prompts[i] for i in pending])):
-                grades[i] = parse(reply)
+                grades[i] = parse_grade(reply)
             pending = [i for i in pending if grades[i] is None]
         return [Scored(it.index, p.strip()[:200], g if g is not None else 0.0,
-                       "judge" if g is not None else "judge reply unusable")
+                       "judge" if g is not None else UNUSABLE_NOTE)
                 for it, p, g in zip(items, preds, grades)]

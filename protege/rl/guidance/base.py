@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from protege.rl.episodes import Episode
+from protege.rollout.episodes import Episode
 from protege.rl.estimators.base import Returns
-from protege.rl.trajectory import Trajectory
+from protege.rollout.trajectory import Trajectory
 
 
 @dataclass

@@ -13,9 +13,9 @@ from protege.models.processor import StudentProcessor
 from protege.rewards.similarity import similarity_reward
 from protege.rl.estimators.base import Returns
 from protege.rl.guidance.base import Guidance
-from protege.train.runtime.placement import CPU, to_device, visiting
-from protege.train.runtime.state import OptimizerState, Weights
-from protege.train.runtime.updaters import make_updater
+from protege.runtime.placement import CPU, to_device, visiting
+from protege.runtime.state import OptimizerState, Weights
+from protege.runtime.updaters import make_updater
 
 
 @dataclass

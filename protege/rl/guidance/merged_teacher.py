@@ -14,13 +14,13 @@ import torch
 from protege.generation.transformers_backend import Sampling, complete
 from protege.models.processor import StudentProcessor
 from protege.models.student import save_student
-from protege.rl.episodes import Episode, pack, prompt_batch
+from protege.rollout.episodes import Episode, pack, prompt_batch
 from protege.rl.estimators.base import Returns
 from protege.rl.guidance.base import Guidance, Step
-from protege.rl.losses import merged_kl_penalty, thought_sft_loss
+from protege.rl.losses import merged_kl_penalty
 from protege.rl.merged_teacher import MergedTeacher, trainable_weights
-from protege.rl.trajectory import Trajectory, token_logprobs
-from protege.train.runtime.placement import CPU, visiting
+from protege.rollout.trajectory import Trajectory, thought_sft_loss, token_logprobs
+from protege.runtime.placement import CPU, visiting
 from protege.world.envs import action_start
 
 TEACHER_DIR = "merged-teacher"

@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from protege.rl.code_similarity import make_embedder
-from protege.rl.episodes import Episode
+from protege.rollout.episodes import Episode
 from protege.rl.estimators.base import Returns
 from protege.rl.gtpo import add_final_turn_bonus, similarity_shaping
 from protege.rl.guidance.base import Guidance, Step

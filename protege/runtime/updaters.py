@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from protege.errors import UserFacingError
-from protege.train.runtime.distributed import world
+from protege.runtime.distributed import world
 
 
 def move_optimizer_state(opt: torch.optim.Optimizer, device: torch.device) -> None:

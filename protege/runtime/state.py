@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from protege import provenance
-from protege.train.runtime.distributed import world
+from protege.runtime.distributed import world
 
 CPU = torch.device("cpu")
 

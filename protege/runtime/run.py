@@ -8,8 +8,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from protege.train.runtime.run_folder import resumable
-from protege.train.runtime.state import Part, prepare_state, restore_state, save_state
+from protege.runtime.run_folder import resumable
+from protege.runtime.state import Part, prepare_state, restore_state, save_state
 
 
 def next_rows(order: list[int], n_rows: int, n: int, rng: random.Random) -> tuple[list[int], list[int]]:

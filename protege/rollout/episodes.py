@@ -25,7 +25,7 @@ from PIL import Image
 
 from protege.generation.transformers_backend import Sampling, complete
 from protege.models.processor import StudentProcessor
-from protege.rl.trajectory import Trajectory
+from protege.rollout.trajectory import Trajectory
 
 
 class Env(Protocol):

@@ -12,7 +12,7 @@ import contextlib
 import torch
 
 from protege.errors import UserFacingError
-from protege.train.runtime.distributed import local_rank
+from protege.runtime.distributed import local_rank
 
 CPU = torch.device("cpu")
 

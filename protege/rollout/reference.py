@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 
 from protege.models.lora import adapters_disabled
-from protege.train.runtime.placement import visiting
+from protege.runtime.placement import visiting
 
 
 @contextlib.contextmanager

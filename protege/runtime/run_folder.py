@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from protege.train.runtime.state import read_state, recover_state
+from protege.runtime.state import read_state, recover_state
 
 
 def resumable(meta: dict | None, fp: str, steps: int) -> bool:

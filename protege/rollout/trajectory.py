@@ -57,3 +57,13 @@ def logprobs_from_logits(logits: torch.Tensor, traj: Trajectory, with_entropy: b
     if not with_entropy:
         return logp
     return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def thought_sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on the masked tokens, mean over them: the agent warm start on the solver's turns, and
+    GTR-Turbo's SFT guidance on the merged teacher's thought tokens.
+
+    logp: [N, L] the policy's log-probs of the teacher's tokens; mask: [N, L] 1 on thought tokens (the
+    action's tokens and everything else 0) -> scalar.
+    """
+    return -(logp * mask).sum() / mask.sum().clamp(min=1)
