@@ -25,7 +25,6 @@ import protege  # noqa: E402,F401  (offline settings)
 from protege import stage_host  # noqa: E402
 from protege.config import load_config  # noqa: E402
 from protege.pipeline import expected_seconds, run_dag, stage_upstream  # noqa: E402
-from protege.stages import STAGES  # noqa: E402
 from protege.workspace import workspace_lock  # noqa: E402
 from tasks.stages import (  # noqa: E402
     close_parent_run,
@@ -35,6 +34,7 @@ from tasks.stages import (  # noqa: E402
     stage_pool,
     stage_task,
     version_pool,
+    write_dag,
 )
 
 
@@ -64,10 +64,11 @@ def pipeline(project_dir: str = ".", stages: list[str] | None = None, dispatch: 
     project_dir = str(Path(project_dir).resolve())
     with workspace_lock(project_dir, "pipeline", wait_for_workspace_s,
                         on_wait=lambda who: print(f"waiting for {who} to finish")):
+        in_dag = write_dag(project_dir)
         version_pool(project_dir)
         parent = open_parent_run(project_dir, "pipeline")
         try:
-            outputs = run_stages(project_dir, stages or STAGES, parent, dispatch)
+            outputs = run_stages(project_dir, stages or in_dag, parent, dispatch)
         except BaseException:
             close_parent_run(project_dir, parent, "FAILED")
             raise

@@ -145,6 +145,26 @@ def _process_age_s() -> float:
 
 
 @app.command()
+def dag(project: Path = typer.Option(Path("."), help="project folder (holds dvc.yaml and params.yaml)"),
+        params: Path = typer.Option(Path("params.yaml"), help="params file"),
+        check: bool = typer.Option(False, "--check", help="only say whether dvc.yaml is current; exit 1 if not")
+        ) -> None:
+    """Write dvc.yaml for the params: the world stage for `data.source: world`, the data stage importing your
+    files for `files` (`protege pipeline` does this itself before it runs; run it before a bare `dvc repro`)."""
+    from protege import dag as dag_file
+
+    cfg = _config(project / params)
+    if check:
+        current = (project / "dvc.yaml").is_file() and (project / "dvc.yaml").read_text() == dag_file.render(cfg)
+        typer.echo(f"{project / 'dvc.yaml'}: {'current' if current else 'out of date: run `protege dag`'}")
+        raise typer.Exit(0 if current else 1)
+    changed = dag_file.write(cfg, project)
+    stages = dag_file.stages_in(project)
+    typer.echo(f"{project / 'dvc.yaml'}: {'written' if changed else 'already current'} for data.source "
+               f"{cfg.data.source} ({len(stages)} stages: {', '.join(stages)})")
+
+
+@app.command()
 def pipeline(project: Path = typer.Option(Path("."), help="project folder (holds dvc.yaml and params.yaml)"),
              params: Path = typer.Option(Path("params.yaml"), help="params file, checked before anything runs")) -> None:
     """Run the whole pipeline as a Prefect flow (each stage through DVC, tracked in MLflow)."""
@@ -153,6 +173,10 @@ def pipeline(project: Path = typer.Option(Path("."), help="project folder (holds
     cfg = _config(project / params)
     if cfg.model.path is not None:
         _pin(project, params, cfg)
+    from protege import dag as dag_file
+
+    if dag_file.write(cfg, project):
+        typer.echo(f"{project / 'dvc.yaml'}: written for data.source {cfg.data.source}", err=True)
     missing = missing_dag_params(project, str(params))
     if missing:
         _fail(f"{project / params}: dvc.yaml tracks {', '.join(missing)} but the file does not set them; "

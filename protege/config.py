@@ -219,6 +219,50 @@ class WorldConfig(Section):
         return self
 
 
+DATA_FIELDS = ("id", "question", "answer", "target", "image", "options", "kind")
+SplitFiles = str | list[str]
+
+
+class DataConfig(Section):
+    """Where the question data comes from. `world`: the embedded world's generated splits. `files`: your
+    own files, one file, a folder or a list of them per split (absolute, or relative to the project), read
+    as they come: LLaVA conversation JSON / JSONL, parquet tables (Hugging Face `datasets` exports, verl /
+    EasyR1 RL tables) or flat JSON / JSONL records; `protege dag` (run by `protege pipeline` itself)
+    rewrites dvc.yaml with a `data` stage that imports them in place of `world`."""
+    source: Literal["world", "files"] = "world"
+    train: SplitFiles | None = None   # the SFT pool
+    rl: SplitFiles | None = None      # the RL question pool (curated by `curate`)
+    val: SplitFiles | None = None     # learning curves during RL; null: no curve
+    test: SplitFiles | None = None    # the held-out split the evaluation report leads with
+    # our field -> your column, where a file names it differently from what the readers look for, e.g.
+    # {question: problem, image: images}; fields: id, question, answer, target, image, options, kind
+    columns: dict[str, str] = {}
+    images: str | None = None         # the folder relative image paths resolve in (default: each file's folder)
+    allow_outside_images: bool = False  # let image paths lead outside that folder (absolute paths, ../)
+
+    @model_validator(mode="after")
+    def _files_named(self) -> "DataConfig":
+        unknown = sorted(set(self.columns) - set(DATA_FIELDS))
+        if unknown:
+            raise ValueError(f"data.columns: unknown field(s) {unknown}; expected some of {', '.join(DATA_FIELDS)} "
+                             "mapped to your column names")
+        for split in ("train", "rl", "val", "test"):
+            files = getattr(self, split)
+            if isinstance(files, list) and (not files or not all(isinstance(f, str) and f for f in files)):
+                raise ValueError(f"data.{split}: expected a file or folder, or a non-empty list of them")
+        if self.source == "files":
+            missing = [s for s in ("train", "rl", "test") if getattr(self, s) is None]
+            if missing:
+                raise ValueError(f"data.source is files: set data.{', data.'.join(missing)} (a file, a folder or a "
+                                 "list of them); data.val may stay null")
+        return self
+
+    def split_files(self) -> dict[str, list[str]]:
+        """The splits given, each as its list of files or folders."""
+        return {s: ([f] if isinstance(f, str) else list(f)) for s in ("train", "rl", "val", "test")
+                if (f := getattr(self, s)) is not None}
+
+
 class LoraSettings(Section):
     """peft LoRA for `trainable: lora` (README "Post-train your own model" lists the defaults per family)."""
     rank: int = Field(16, ge=1, le=4096)
@@ -685,6 +729,7 @@ class Config(Section):
     seed: int = 0
     # torch threads per stage process; 0: torch's default (all cores)
     threads: int = Field(1, ge=0, le=4096, **affects(NOTHING))
+    data: DataConfig = DataConfig()
     world: WorldConfig = WorldConfig()
     model: ModelConfig = ModelConfig()
     curate: CurateConfig = CurateConfig()
@@ -699,6 +744,13 @@ class Config(Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     promote: PromoteConfig = PromoteConfig()
     orchestration: OrchestrationConfig = OrchestrationConfig()
+
+    @model_validator(mode="after")
+    def _files_need_a_model(self) -> "Config":
+        if self.data.source == "files" and self.model.path is None:
+            raise ValueError("data.source is files: set model.path to your model's folder (the embedded tiny "
+                             "student knows only the world's vocabulary)")
+        return self
 
     @model_validator(mode="after")
     def _rl_teachers_exist(self) -> "Config":

@@ -2,7 +2,21 @@
 from pathlib import Path
 
 WORLD = Path("data/world")
-SPLIT_TABLES = {s: WORLD / f"{s}.parquet" for s in ("train", "rl", "val", "test")}  # val: RL learning curves
+SPLITS = ("train", "rl", "val", "test")  # val: RL learning curves
+SPLIT_TABLES = {s: WORLD / f"{s}.parquet" for s in SPLITS}  # the embedded world's
+IMPORTED = Path("data/imported")  # data.source files: the `data` stage's tables, images/ by content hash
+SOURCE_DIRS = {"world": WORLD, "files": IMPORTED}
+
+
+REQUIRED_SPLITS = ("train", "rl", "test")  # val may be left out (no learning curve)
+
+
+def split_table(source: str, split: str) -> Path:
+    """The question table of `split` for `data.source` (world or files); for files, val exists only when
+    data.val was given."""
+    return SOURCE_DIRS[source] / f"{split}.parquet"
+
+
 BASE_MODEL = Path("models/base")
 VALIDATION_REPORT = Path("reports/validation.json")
 CURATED = Path("data/curated")

@@ -236,7 +236,8 @@ def headline_metrics(project_dir: str | Path) -> dict[str, float]:
     report = json.loads(path.read_text())
     out = {}
     for name, m in report.get("models", {}).items():
-        out[f"{name}.average"] = m["average"]
+        if m.get("average") is not None:
+            out[f"{name}.average"] = m["average"]
         if "world_test" in m:
             out[f"{name}.world_test.accuracy"] = m["world_test"]["accuracy"]
     return out

@@ -1,4 +1,5 @@
 """The pipeline's stages, by name and in dvc.yaml's order (foundation: config validates names against it
-without importing the stages themselves)."""
-STAGES = ("world", "mini_benchmarks", "validate", "sft", "curate", "teachers", "rollouts", "disc_pretrain", "rl",
+without importing the stages themselves). `world` and `data` are the two data sources: dvc.yaml holds the
+one `data.source` names (`protege dag`)."""
+STAGES = ("world", "data", "mini_benchmarks", "validate", "sft", "curate", "teachers", "rollouts", "disc_pretrain", "rl",
           "rl_baseline", "merge", "agent_sft", "agent_rl", "tool_sft", "tool_rl", "evaluate", "promote")

@@ -46,6 +46,16 @@ def stage_pool(project_dir: str, stage: str) -> str:
     return load_config(f"{project_dir}/params.yaml").orchestration.pool_of(stage)
 
 
+@task(name="write-dag")
+def write_dag(project_dir: str) -> list[str]:
+    """dvc.yaml for the project's params (its data source decides the first stages); the stages it holds."""
+    from protege import dag
+
+    if dag.write(load_config(f"{project_dir}/params.yaml"), project_dir):
+        print(f"{project_dir}/dvc.yaml: written for data.source {load_config(f'{project_dir}/params.yaml').data.source}")
+    return dag.stages_in(project_dir)
+
+
 @task(name="version-pool")
 def version_pool(project_dir: str) -> None:
     """The retraining pool exists and DVC versions it (sft depends on it), even while it is empty."""

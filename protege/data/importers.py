@@ -1,7 +1,8 @@
-"""Importers for user datasets: LLaVA-style conversations (JSON / JSONL) and parquet tables.
+"""Importers for user datasets in the layouts `protege.data.layouts` reads (LLaVA conversations, flat JSON /
+JSONL records, parquet tables: Hugging Face exports, verl / EasyR1).
 
-Both produce the question-row schema (protege.data.schemas): one row per (image, question) turn, images
-copied once under OUT/images/<sha256>.<ext>, rows deduplicated by (image hash, question). Every source
+They produce the question-row schema (protege.data.schemas): one row per question with its images, images
+copied once under OUT/images/<sha256>.<ext>, rows deduplicated by (image hashes, question). Every source
 row is kept long enough to be validated, so a bad row is reported by its file and line, not skipped in
 silence. Nothing is written under OUT (images included) until the whole file validates: images wait
 in a hidden staging folder beside OUT, removed whatever happens. Image paths
@@ -23,7 +24,8 @@ from pathlib import Path
 import pandas as pd
 
 from protege.data.image_bytes import sniff_ext
-from protege.data.schemas import QUESTION_ROWS
+from protege.data.layouts import Record, read_file
+from protege.data.schemas import OPTION_LETTERS, QUESTION_ROWS
 from protege.data.validate import (
     DatasetInvalid,
     answer_in_options,
@@ -33,8 +35,6 @@ from protege.data.validate import (
 from protege.files import write_atomic
 
 MAX_IMAGE_FILE_BYTES = 256 * 1024 * 1024  # a larger file is a mistake, not a training image
-IMAGE_PLACEHOLDER = re.compile(r"\s*<image>\s*")
-HUMAN, ASSISTANT = {"human", "user"}, {"gpt", "assistant", "model"}
 
 
 @dataclass
@@ -116,143 +116,60 @@ def _read_image_path(value: str, image_root: Path, allow_outside: bool) -> tuple
     return None
 
 
-def _turns(conversations) -> list[tuple[str, str]]:
-    """(question, answer) for each human turn followed by an assistant turn; ValueError for a shape
-    that is not a list of turn objects."""
-    if conversations is None:
-        return []
-    if not isinstance(conversations, list):
-        raise ValueError(f"'conversations' is a {type(conversations).__name__}; expected a list of "
-                         "{\"from\": ..., \"value\": ...} turns")
-    pairs, pending = [], None
-    for n, msg in enumerate(conversations):
-        if not isinstance(msg, dict):
-            raise ValueError(f"conversations[{n}] is a {type(msg).__name__}; expected an object with 'from' and "
-                             "'value'")
-        who = str(msg.get("from", msg.get("role", ""))).lower()
-        text = msg.get("value", msg.get("content", ""))
-        text = text if isinstance(text, str) else ""
-        if who in HUMAN:
-            pending = IMAGE_PLACEHOLDER.sub(" ", text).strip()
-        elif who in ASSISTANT and pending is not None:
-            pairs.append((pending, text.strip()))
-            pending = None
-    return pairs
+def records_frame(records: list[Record]) -> pd.DataFrame:
+    """Records as the rows `materialise` checks: a record that gave no question stays, unparsed, for the report."""
+    return pd.DataFrame([{"id": r.id, "question": r.question, "answer": r.answer, "target": r.target,
+                          "image_values": list(r.images), "source": r.source, "parsed": not r.error,
+                          "parse_error": r.error, "options": json.dumps(r.options, ensure_ascii=False),
+                          "kind": r.kind} for r in records],
+                        columns=["id", "question", "answer", "target", "image_values", "source", "parsed",
+                                 "parse_error", "options", "kind"])
 
 
-def _read_conversation_records(path: Path) -> list[tuple[str, dict | None, str]]:
-    """(source label, record or None, parse error) for every record of a JSON or JSONL file."""
-    raw = path.read_bytes()
-    if path.suffix == ".jsonl":
-        out = []
-        for n, line in enumerate(raw.splitlines(), start=1):
-            if not line.strip():
-                continue
-            label = f"{path.name}:{n}"
-            try:
-                rec = json.loads(line.decode("utf-8"))
-                ok = isinstance(rec, dict)
-                out.append((label, rec if ok else None, "" if ok else "not an object"))
-            except UnicodeDecodeError as exc:
-                out.append((label, None, f"not UTF-8 (byte {exc.start})"))
-            except json.JSONDecodeError as exc:
-                out.append((label, None, f"not JSON ({exc.msg})"))
-        return out
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise DatasetInvalid(f"{path}: not UTF-8 at byte {exc.start}; expected a UTF-8 JSON list of records") from None
-    except json.JSONDecodeError as exc:
-        raise DatasetInvalid(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
-    if not isinstance(data, list):
-        raise DatasetInvalid(f"{path}: expected a JSON list of conversation records, got {type(data).__name__}")
-    return [(f"{path.name}:record {i}", rec if isinstance(rec, dict) else None,
-             "" if isinstance(rec, dict) else "not an object") for i, rec in enumerate(data)]
-
-
-def conversations_frame(path: Path, image_root: Path) -> pd.DataFrame:
-    rows = []
-    for label, rec, error in _read_conversation_records(path):
-        if rec is None:
-            rows.append({"id": None, "question": None, "answer": None, "image_value": None, "source": label,
-                         "parsed": False, "parse_error": error})
-            continue
-        image = rec.get("image") if rec.get("image") is not None else (rec.get("images") or [None])[0]
-        try:
-            turns = _turns(rec["conversations"] if "conversations" in rec else rec.get("messages"))
-        except ValueError as exc:
-            rows.append({"id": rec.get("id"), "question": None, "answer": None, "image_value": image, "source": label,
-                         "parsed": False, "parse_error": str(exc)})
-            continue
-        if isinstance(image, list):
-            image = image[0] if image else None
-        if not turns:
-            rows.append({"id": rec.get("id"), "question": None, "answer": None, "image_value": image, "source": label,
-                         "parsed": False, "parse_error": "no human/assistant turn pair"})
-        for t, (q, a) in enumerate(turns):
-            rid = str(rec.get("id")) if rec.get("id") is not None else None
-            rows.append({"id": rid if len(turns) == 1 or rid is None else f"{rid}#t{t}", "question": q, "answer": a,
-                         "image_value": image, "source": label, "parsed": True, "parse_error": "",
-                         "options": json.dumps(rec.get("options") or []), "kind": str(rec.get("kind", ""))})
-    return pd.DataFrame(rows)
-
-
-def parquet_frame(path: Path, image_root: Path) -> pd.DataFrame:
-    try:
-        df = pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises several types for bytes that are not parquet
-        raise DatasetInvalid(f"{path}: not a readable parquet table ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}); expected a parquet file") from None
-    missing = [c for c in ("id", "question", "answer", "image") if c not in df.columns]
-    if missing:
-        raise DatasetInvalid(f"{path}: missing column(s) {missing}; expected id, question, answer, image "
-                             "(image: a path, base64, bytes or a {{'bytes': ...}} struct)")
-    out = pd.DataFrame({"id": df["id"].astype(str), "question": df["question"], "answer": df["answer"],
-                        "image_value": df["image"], "source": [f"{path.name}:row {i}" for i in range(len(df))],
-                        "parsed": True, "parse_error": ""})
-    out["options"] = [json.dumps(list(o)) if o is not None and not isinstance(o, str) else (o or "[]")
-                      for o in (df["options"] if "options" in df else [None] * len(df))]
-    out["kind"] = df["kind"].astype(str) if "kind" in df else ""
-    if "target" in df:  # optional: what SFT trains on when it is not the bare answer
-        for i, value in enumerate(df["target"]):
-            if value is not None and not (isinstance(value, float) and value != value) and not isinstance(value, str):
-                raise DatasetInvalid(f"{path}: row {i}: column 'target' holds {type(value).__name__} {value!r}; "
-                                     "expected the SFT target as text (or null: the answer)")
-        out["target"] = [v if isinstance(v, str) and v else None for v in df["target"]]
-    return out
+def file_frame(path: Path, columns: dict[str, str] | None = None) -> pd.DataFrame:
+    """One dataset file in any layout `protege.data.layouts` reads; ids default to FILE:ROW."""
+    frame = records_frame(read_file(path, columns))
+    frame["id"] = [rid if rid is not None else src for rid, src in zip(frame["id"], frame["source"])]
+    return frame
 
 
 def materialise(frame: pd.DataFrame, image_root: Path, staging: Path, allow_outside: bool = False
                 ) -> tuple[pd.DataFrame, int, list[str]]:
-    """Checks every image and writes the good ones, once each, under `staging` (not the output folder);
-    adds the derived check columns; deduplicates. Returns (rows, duplicates dropped, staged paths)."""
+    """Checks every image of every row and writes the good ones, once each by content, under `staging` (not
+    the output folder); adds the derived check columns; deduplicates. Returns (rows, duplicates dropped, staged
+    paths)."""
     staged: list[str] = []
-    paths, hashes, notes, readable, size_ok = [], [], [], [], []
-    for value in frame["image_value"]:
-        data, note = _image_bytes(value, image_root, allow_outside)
-        if data is None:
-            paths.append("")
-            hashes.append("")
-            notes.append(note)
-            readable.append(False)
-            size_ok.append(True)
-            continue
-        decodes, fits, why = image_bytes_checks(data)
-        digest = hashlib.sha256(data).hexdigest()
-        rel = f"images/{digest}{sniff_ext(data)}"
-        if decodes and fits and not (staging / rel).exists():
-            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-            (staging / rel).write_bytes(data)
-            staged.append(rel)
-        paths.append(rel)
-        hashes.append(digest)
+    firsts, extras, hashes, notes, readable, size_ok = [], [], [], [], [], []
+    for values in frame["image_values"]:
+        rels, digests, why, decodes_all, fits_all = [], [], "", True, True
+        for value in (values if len(values) else [None]):
+            data, note = _image_bytes(value, image_root, allow_outside)
+            if data is None:
+                why, decodes_all = why or note, False
+                continue
+            decodes, fits, bad = image_bytes_checks(data)
+            digest = hashlib.sha256(data).hexdigest()
+            rel = f"images/{digest}{sniff_ext(data)}"
+            if decodes and fits and not (staging / rel).exists():
+                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+                (staging / rel).write_bytes(data)
+                staged.append(rel)
+            rels.append(rel)
+            digests.append(digest)
+            why = why or bad
+            decodes_all &= decodes
+            fits_all &= fits
+        firsts.append(rels[0] if rels else "")
+        extras.append(json.dumps(rels[1:]))
+        hashes.append("+".join(digests))
         notes.append(why)
-        readable.append(decodes)
-        size_ok.append(fits)
-    df = frame.drop(columns=["image_value"]).assign(image=paths, image_sha256=hashes, image_note=notes,
-                                                    image_readable=readable, image_size_ok=size_ok)
+        readable.append(decodes_all and bool(rels))
+        size_ok.append(fits_all)
+    df = frame.drop(columns=["image_values"]).assign(image=firsts, extra_images=extras, image_sha256=hashes,
+                                                     image_note=notes, image_readable=readable,
+                                                     image_size_ok=size_ok)
     before = len(df)
-    # identical (image, question) pairs are one example; rows without a parse are kept for the report
+    # identical (images, question) pairs are one example; rows without a parse are kept for the report
     key = df["image_sha256"] + "\x00" + df["question"].fillna("").astype(str)
     dup = key.duplicated() & df["parsed"] & (df["image_sha256"] != "")
     df = df[~dup].reset_index(drop=True)
@@ -264,37 +181,69 @@ def materialise(frame: pd.DataFrame, image_root: Path, staging: Path, allow_outs
 
 
 def import_dataset(path: str | Path, fmt: str, out_dir: str | Path, name: str,
-                   image_root: str | Path | None = None, allow_outside_images: bool = False) -> ImportResult:
+                   image_root: str | Path | None = None, allow_outside_images: bool = False,
+                   columns: dict[str, str] | None = None) -> ImportResult:
     """Imports and validates a dataset, then writes OUT/NAME.parquet, OUT/images/ and
     OUT/NAME.validation.json. A rejected dataset writes nothing under OUT (its validation report goes
-    to a temporary folder named in the error)."""
+    to a temporary folder named in the error). `fmt` is kept for the command line's --format: every layout
+    of `protege.data.layouts` is read whatever it says, `llava` and `parquet` only check the suffix."""
     path, out_dir = Path(path), Path(out_dir)
     if not path.exists():
         raise DatasetInvalid(f"{path}: file not found")
     if path.is_dir():
         raise DatasetInvalid(f"{path}: is a folder; expected a .json/.jsonl conversation file or a .parquet table")
+    if fmt not in FORMATS:
+        raise DatasetInvalid(f"unknown format {fmt!r}; expected one of {sorted(FORMATS)}")
+    if FORMATS[fmt] and path.suffix.lower() not in FORMATS[fmt]:
+        raise DatasetInvalid(f"{path}: format {fmt!r} expects a {' or '.join(FORMATS[fmt])} file")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise DatasetInvalid(f"table name {name!r}: use letters, digits, '_', '.' and '-' only")
     image_root = Path(image_root) if image_root else path.parent
     if not image_root.is_dir():
         raise DatasetInvalid(f"{image_root}: the images folder does not exist")
-    readers = {"llava": conversations_frame, "parquet": parquet_frame}
-    if fmt not in readers:
-        raise DatasetInvalid(f"unknown format {fmt!r}; expected one of {sorted(readers)}")
     if out_dir.exists() and not out_dir.is_dir():
         raise DatasetInvalid(f"{out_dir}: exists and is not a folder")
-    frame = readers[fmt](path, image_root)
+    frame = file_frame(path, columns)
     if frame.empty:
-        raise DatasetInvalid(f"{path}: no rows; expected at least one "
-                             + ("conversation record" if fmt == "llava" else "row after the header"))
-    rows_read = len(frame)
-    # images wait in a staging folder beside OUT (same file system: moved, not copied) until all passes
+        raise DatasetInvalid(f"{path}: no rows; expected at least one record")
+    return write_table(stage_split(frame, {path: image_root}, out_dir, name, allow_outside_images), out_dir)
+
+
+FORMATS = {"auto": (), "llava": (".json", ".jsonl"), "parquet": (".parquet",)}
+
+
+@dataclass
+class StagedSplit:
+    """A split's rows, checked, with their images in a staging folder until `write_table` moves them."""
+    name: str
+    rows: pd.DataFrame
+    report: dict
+    staging: Path
+    staged: list[str]
+    rows_read: int
+    dropped: int
+
+
+def stage_split(frame: pd.DataFrame, roots: dict[Path, Path], out_dir: Path, name: str,
+                allow_outside: bool = False, shown_out: Path | None = None) -> StagedSplit:
+    """Reads the images of a split's rows (`roots`: source file -> the folder its relative image paths resolve
+    in; the frame's `file` column names each row's file, else the one file of `roots`) into a staging folder
+    beside OUT and runs the suite. DatasetInvalid naming every bad row; the staging folder is gone then."""
     parent = next((p for p in [out_dir.parent, *out_dir.parent.parents] if p.is_dir()), Path.cwd())
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.import-", dir=parent))
     try:
-        df, dropped, staged = materialise(frame, image_root, staging, allow_outside_images)
-        report, failures = run_suite({str(path): df}, QUESTION_ROWS)
-        report.update({"rows_read": rows_read, "duplicates_dropped": dropped, "images_written": 0})
+        parts, dropped, staged = [], 0, []
+        files = frame.pop("file") if "file" in frame else pd.Series([next(iter(roots))] * len(frame))
+        for source in dict.fromkeys(files):
+            part, n, more = materialise(frame[(files == source).to_numpy()].reset_index(drop=True), roots[source],
+                                        staging, allow_outside)
+            parts.append(part)
+            dropped += n
+            staged += more
+        df = pd.concat(parts, ignore_index=True) if parts else frame
+        shown = ", ".join(str(p) for p in roots)
+        report, failures = run_suite({shown: df}, QUESTION_ROWS)
+        report.update({"rows_read": len(frame), "duplicates_dropped": dropped, "images_written": 0})
         if failures:
             report_path = Path(tempfile.mkdtemp(prefix="protege-import-")) / f"{name}.validation.json"
             report_path.write_text(json.dumps(report, indent=2, default=str))
@@ -302,23 +251,44 @@ def import_dataset(path: str | Path, fmt: str, out_dir: str | Path, name: str,
             notes.update({s: n for s, n, ok in zip(df["source"], df["image_note"], df["parsed"]) if n and ok})
             lines = [f.line() for f in failures]
             details = [f"  {s}: {n}" for s, n in list(notes.items())[:10]]
-            raise DatasetInvalid(f"{path}: {len(failures)} expectation(s) failed; nothing written to {out_dir} "
+            raise DatasetInvalid(f"{shown}: {len(failures)} expectation(s) failed; nothing written to "
+                                 f"{shown_out or out_dir} "
                                  f"(report: {report_path})\n"
                                  + "\n".join(lines + (["details:"] + details if details else [])))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return StagedSplit(name, df, report, staging, staged, len(frame), dropped)
+
+
+TABLE_COLUMNS = ["id", "split", "kind", "question", "answer", "candidates", "options", "image", "extra_images",
+                 "image_sha256", "difficulty", "target", "source"]
+
+
+def candidates_of(options_json: str) -> str:
+    """A multiple-choice row's short answers are its option letters (the judge reads among them)."""
+    options = json.loads(options_json) if options_json else []
+    return json.dumps(list(OPTION_LETTERS[:len(options)]))
+
+
+def write_table(split: StagedSplit, out_dir: Path) -> ImportResult:
+    """Moves a staged split's images under OUT/images (each once: a file already there is the same content)
+    and writes OUT/NAME.parquet and OUT/NAME.validation.json."""
+    try:
         (out_dir / "images").mkdir(parents=True, exist_ok=True)
         written = 0
-        for rel in staged:
+        for rel in split.staged:
             if not (out_dir / rel).exists():
-                shutil.move(str(staging / rel), str(out_dir / rel))
+                shutil.move(str(split.staging / rel), str(out_dir / rel))
                 written += 1
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    report["images_written"] = written
-    table = out_dir / f"{name}.parquet"
-    columns = ["id", "question", "answer", "image", "image_sha256", "kind", "options", "source"]
-    columns += ["target"] if "target" in df else []
-    df = df.assign(candidates="[]", split=name, difficulty=0)
-    write_atomic(table, lambda tmp: df[columns + ["candidates", "split", "difficulty"]].to_parquet(tmp, index=False))
-    report_path = out_dir / f"{name}.validation.json"
-    write_atomic(report_path, lambda tmp: tmp.write_text(json.dumps(report, indent=2, default=str)))
-    return ImportResult(table, report_path, rows_read, len(df), dropped, written)
+        shutil.rmtree(split.staging, ignore_errors=True)
+    split.report["images_written"] = written
+    df = split.rows
+    df = df.assign(split=split.name, difficulty=0, candidates=[candidates_of(o) for o in df["options"]],
+                   target=[t if isinstance(t, str) and t and t != a else None for t, a in zip(df["target"], df["answer"])])
+    table = out_dir / f"{split.name}.parquet"
+    write_atomic(table, lambda tmp: df[TABLE_COLUMNS].to_parquet(tmp, index=False))
+    report_path = out_dir / f"{split.name}.validation.json"
+    write_atomic(report_path, lambda tmp: tmp.write_text(json.dumps(split.report, indent=2, default=str)))
+    return ImportResult(table, report_path, split.rows_read, len(df), split.dropped, written)

@@ -34,7 +34,9 @@ def new_report(ev, files: dict[str, Path], candidate: str) -> dict:
 
 
 def model_metrics(summary: dict, prefix: str = "") -> dict[str, float]:
-    """A model's headline figures for MLflow."""
+    """A model's headline figures for MLflow (none of the benchmarks' when no benchmark was scored)."""
+    if not summary["benchmarks"]:
+        return {}
     return {f"{prefix}average": summary["average"], f"{prefix}mean_tokens": summary["mean_tokens"],
             f"{prefix}mean_latency_s": summary["mean_latency_s"],
             **{f"{prefix}{b}.score": s["score"] for b, s in summary["benchmarks"].items()}}
@@ -102,7 +104,10 @@ def write_report(report: dict, json_path: Path, md_path: Path, png_path: Path) -
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=2, ensure_ascii=False))
     md_path.write_text(markdown(report))
-    bar_chart(report, png_path)
+    if report["benchmarks"]:
+        bar_chart(report, png_path)
+    else:
+        test_chart(report, png_path)
     return [json_path, md_path, png_path]
 
 
@@ -110,9 +115,20 @@ def _cell(score: float, ci: list[float]) -> str:
     return f"{score:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]"
 
 
+def test_label(report: dict) -> str:
+    """What the report calls its test split: the world's, or yours named after its files."""
+    return report.get("test_split") or "world test split"
+
+
 def markdown(report: dict) -> str:
     models = report["models"]
     names = list(report["benchmarks"])
+    if not names:  # your own test split, with no benchmark file given
+        return "\n".join([f"# Evaluation on the {test_label(report)}", "", *side_by_side(report),
+                          "No benchmark was scored: evaluate.benchmarks names no file (the mini benchmarks are made "
+                          "from the embedded world).", "",
+                          f"Candidate for promotion: `{report['candidate']}` (test accuracy "
+                          f"{report['score']:.2f}%)."]) + "\n"
     suite = "the 14 mini benchmarks of the embedded world" if report["suite"] == "mini" else "benchmark files"
     lines = [f"# Evaluation on {suite}", "", *side_by_side(report), "## Benchmarks", "",
              (f"Scores in percent with 95% bootstrap CIs ({report['bootstrap']} resamples); scoring protocol "
@@ -156,11 +172,11 @@ def _diff_cell(d: dict | None, digits: int = 1) -> str:
     return f"{d['diff']:+.{digits}f} | [{d['ci'][0]:+.{digits}f}, {d['ci'][1]:+.{digits}f}] | {d['verdict']}"
 
 
-def headline(diff: dict) -> str:
-    """One sentence: does B beat A, on the world test split and on the benchmark average?"""
+def headline(diff: dict, test: str = "world test split") -> str:
+    """One sentence: does B beat A, on the test split and on the benchmark average?"""
     a, b = diff["a"], diff["b"]
     parts = []
-    for key, label in (("world_test", "world test split"), ("average", "benchmark average")):
+    for key, label in (("world_test", test), ("average", "benchmark average")):
         if key in diff:
             d = diff[key]
             outcome = {"CI above zero": f"`{b}` beats `{a}`", "CI below zero": f"`{b}` is worse than `{a}`"}.get(
@@ -178,22 +194,25 @@ def side_by_side(report: dict) -> list[str]:
         return []
     first = next(iter(models.values()))["world_test"]
     names = list(models)
+    test = test_label(report)
+    benchmarks = all(m.get("average") is not None for m in models.values()) and bool(report.get("benchmarks"))
     lines = [f"## {' -> '.join(names)}", ""]
     diffs = report.get("differences", {})
     if diffs:
-        lines += [headline(d) for d in diffs.values()] + [""]
-    lines += [(f"World test split: {first['items']} questions (accuracy 0-1, chance of guessing a listed option "
-               f"{first['chance']:.3f}); benchmark average in percent; 95% bootstrap CIs. Per question kind: the "
-               "accuracy, next to the best constant answer's accuracy (always giving the answer that is most often "
-               "right for that kind) and the number of distinct answers the model gives."), "",
-              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
-              "| **world test accuracy** | " + " | ".join(
+        lines += [headline(d, test) for d in diffs.values()] + [""]
+    lines += [(f"{test[0].upper() + test[1:]}: {first['items']} questions (accuracy 0-1, chance of guessing a listed "
+               f"option {first['chance']:.3f}){'; benchmark average in percent' if benchmarks else ''}; 95% bootstrap "
+               "CIs. Per question kind: the accuracy, next to the best constant answer's accuracy (always giving the "
+               "answer that is most often right for that kind) and the number of distinct answers the model gives."),
+              "", "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
+              f"| **{test.removesuffix(' split')} accuracy** | " + " | ".join(
                   f"**{m['world_test']['accuracy']:.3f}** [{m['world_test']['ci'][0]:.3f}, "
-                  f"{m['world_test']['ci'][1]:.3f}]" for m in models.values()) + " |",
-              "| **benchmark average** | " + " | ".join(f"**{_cell(m['average'], m['average_ci'])}**"
-                                                        for m in models.values()) + " |"]
+                  f"{m['world_test']['ci'][1]:.3f}]" for m in models.values()) + " |"]
+    if benchmarks:
+        lines.append("| **benchmark average** | " + " | ".join(f"**{_cell(m['average'], m['average_ci'])}**"
+                                                               for m in models.values()) + " |")
     for kind, k in first["per_kind"].items():
-        if not isinstance(k, dict):
+        if not isinstance(k, dict) or not kind:  # rows without a kind (or category) get no per-kind line
             continue
         lines.append(f"| {kind}: accuracy (n={k['n']}; best constant {k['best_constant']:.3f}, "
                      f"\"{k['best_constant_answer']}\") | " + " | ".join(
@@ -201,13 +220,41 @@ def side_by_side(report: dict) -> list[str]:
         lines.append(f"| {kind}: distinct answers | " + " | ".join(
             str(m["world_test"]["per_kind"][kind]["distinct_answers"]) for m in models.values()) + " |")
     if diffs:
-        lines += ["", "Paired differences B - A in points (percent), 95% paired-bootstrap CIs: world test paired by "
+        if not benchmarks:
+            lines += ["", f"Paired differences B - A in points (percent), 95% paired-bootstrap CIs, {test} paired by "
+                          "question.", "", f"| B - A | {test.removesuffix(' split')} | 95% CI | |", "|---|---|---|---|"]
+            lines += [f"| {label} | {_diff_cell(d.get('world_test'))} |" for label, d in diffs.items()]
+            return lines + [""]
+        lines += ["", f"Paired differences B - A in points (percent), 95% paired-bootstrap CIs: {test} paired by "
                       "question, benchmark average by benchmark item (each benchmark resampled on its own; means over items, "
                       "while MMStar's own score is a mean over its categories).", "",
-                  "| B - A | world test | 95% CI | | benchmark average | 95% CI | |", "|---|---|---|---|---|---|---|"]
+                  f"| B - A | {test.removesuffix(' split')} | 95% CI | | benchmark average | 95% CI | |",
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {label} | {_diff_cell(d.get('world_test'))} | {_diff_cell(d.get('average'), 2)} |"
                   for label, d in diffs.items()]
     return lines + [""]
+
+
+def test_chart(report: dict, path: Path) -> Path:
+    """Test-split accuracy per model with its 95% CI, for a report without benchmarks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = report["models"]
+    acc = [100 * m["world_test"]["accuracy"] for m in models.values()]
+    err = [[a - 100 * m["world_test"]["ci"][0] for a, m in zip(acc, models.values())],
+           [100 * m["world_test"]["ci"][1] - a for a, m in zip(acc, models.values())]]
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(models)), 4))
+    ax.bar(list(models), acc, yerr=[[max(e, 0) for e in row] for row in err], capsize=3)
+    ax.set_ylabel(f"{test_label(report)} accuracy (%) with 95% CI")
+    ax.set_ylim(0, 100)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def bar_chart(report: dict, path: Path) -> Path:

@@ -125,6 +125,9 @@ def evaluate_model(model, processor, suite: dict[str, list[BenchItem]], cfg: Eva
         lo, hi = summary["ci"]
         judged = f"; {JudgeTally(**summary['judge']).line()}" if (summary["judge"] or {}).get("unusable") else ""
         log(f"{name}: {summary['score']:.1f} [{lo:.1f}, {hi:.1f}] on {summary['items']} items{judged}")
+    if not suite:  # no benchmark file given: the caller scores its test split only
+        return {"average": None, "average_ci": None, "benchmarks": {}, "mean_tokens": None, "mean_latency_s": None,
+                "seconds_per_answer": None, "answers": 0}
     avg, lo, hi = average_ci(units_by_bench, cfg.bootstrap, seed)
     return {"average": avg, "average_ci": [lo, hi], "benchmarks": results,
             "mean_tokens": tokens / max(answers, 1), "mean_latency_s": latency / max(answers, 1),

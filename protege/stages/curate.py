@@ -16,7 +16,7 @@ from protege.data.curate import (
     select_by_logprob,
     with_token_lengths,
 )
-from protege.data.rows import load_rows
+from protege.data.rows import image_paths, load_rows
 
 from protege.paths import (
     CURATED,
@@ -24,7 +24,7 @@ from protege.paths import (
     CURATION_PLOTS,
     CURATION_REPORT,
     SFT_MODEL,
-    SPLIT_TABLES,
+    split_table,
 )
 from protege.stages.common import say
 from protege.stages.student_model import load_model
@@ -33,17 +33,18 @@ from protege.stages.student_model import load_model
 def run(cfg: Config, root: Path, run) -> None:
     c = cfg.curate
     run.log_params(tracked_params(c), "curate.")
-    run.log_input(SPLIT_TABLES["rl"], context="pool")
+    pool_rel = split_table(cfg.data.source, "rl")
+    run.log_input(pool_rel, context="pool")
     run.log_input(SFT_MODEL, context="scorer")
     model, processor = load_model(cfg, root / SFT_MODEL)
-    table = root / SPLIT_TABLES["rl"]
+    table = root / pool_rel
     rows = {r.id: r for r in load_rows(table)}
-    processor.check_images(rows.values(), str(SPLIT_TABLES["rl"]))
+    processor.check_images(rows.values(), str(pool_rel))
     df = with_token_lengths(table, processor)
     over = df["tokens"] > c.max_tokens
     pool = df[~over].reset_index(drop=True)
     if pool.empty:
-        raise ValueError(f"curate: every row of {SPLIT_TABLES['rl']} is longer than curate.max_tokens="
+        raise ValueError(f"curate: every row of {pool_rel} is longer than curate.max_tokens="
                          f"{c.max_tokens} tokens (mean {df['tokens'].mean():.1f}); raise the cap")
     logprobs = np.array(answer_logprobs(model, processor, [rows[i] for i in pool["id"]], c.batch_size,
                                         progress=lambda d, t: say("curate", f"scored {d}/{t}")))
@@ -61,9 +62,11 @@ def run(cfg: Config, root: Path, run) -> None:
     out = root / CURATED
     if out.exists():
         shutil.rmtree(out)
-    (out / "images").mkdir(parents=True)
-    # the curated table is self-contained: its images travel with it
-    shutil.copytree(table.parent / "images" / "rl", out / "images" / "rl")
+    out.mkdir(parents=True)
+    # the curated table is self-contained: the images of its rows travel with it, at the same relative paths
+    for rel in sorted({p for rec in chosen.to_dict("records") for p in image_paths(rec)}):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(table.parent / rel, out / rel)
     chosen.to_parquet(root / CURATED_RL, index=False)
 
     report = {"rule": c.rule, "tau": c.tau, "buckets": c.buckets, "input_rows": len(df),

@@ -36,7 +36,7 @@ from protege.paths import (
     MERGED_MODEL,
     RL_CHECKPOINTS,
     SFT_MODEL,
-    SPLIT_TABLES,
+    split_table,
     checkpoints,
 )
 from protege.stages.common import say
@@ -62,21 +62,40 @@ def pairs_to_compare(models: list[str]) -> list[tuple[str, str]]:
     return pairs + [(m, "rl_final") for m in models if m not in ("sft", "rl_final", CANDIDATE)]
 
 
+def test_split_label(cfg: Config) -> str:
+    """The world's test split, or yours named after its files."""
+    if cfg.data.source == "world":
+        return "world test split"
+    test = cfg.data.test
+    names = [Path(e).name for e in ([test] if isinstance(test, str) else test)]
+    return f"test split ({', '.join(names)})"
+
+
 def run(cfg: Config, root: Path, run) -> None:
     ev = cfg.evaluate
     run.log_params(ev.model_dump(exclude={"judge"}), "evaluate.")
-    files = benchmark_files(ev, root)
+    test_label = test_split_label(cfg)
+    if cfg.data.source != "world" and ev.benchmarks == "mini":
+        files = {}  # the mini benchmarks are made from the embedded world
+        say("evaluate", "no benchmark: evaluate.benchmarks is mini, and the mini benchmarks come from the embedded "
+                        f"world; scoring the {test_label} only (point evaluate.benchmarks at benchmark files to add them)")
+    else:
+        files = benchmark_files(ev, root)
     suite = load_suite(files, mini=ev.benchmarks == "mini")  # reads and checks every file before any model runs
     for name, path in files.items():
         run.log_input(path, context=f"benchmark:{name}")
     grader = grader_prompt(ev, root)
-    say("evaluate", f"{len(suite)} benchmarks, {sum(map(len, suite.values()))} items; judge: "
-                    f"{ev.judge.name if ev.judge else 'rules only'}")
+    if suite:
+        say("evaluate", f"{len(suite)} benchmarks, {sum(map(len, suite.values()))} items; judge: "
+                        f"{ev.judge.name if ev.judge else 'rules only'}")
     complete = completer_for(ev.judge, root, cfg.seed)
     if (root / EVAL_DIR).exists():
         shutil.rmtree(root / EVAL_DIR)  # a model or benchmark dropped since the last run must not linger
-    test_rows = load_rows(root / SPLIT_TABLES["test"])
+    test_rows = load_rows(root / split_table(cfg.data.source, "test"))
     report = new_report(ev, files, CANDIDATE)
+    report["test_split"] = test_label
+    if not suite:  # promote then compares test accuracies, on this test split only
+        report["suite"] = f"test:{test_label}"
     world_items, items_by_model = [], {}
     models = models_to_evaluate(root)
     for model_name, rel in models.items():
@@ -97,18 +116,23 @@ def run(cfg: Config, root: Path, run) -> None:
         report["models"][model_name] = {"path": str(rel), **summary, "world_test": world}
         run.log_metrics({**model_metrics(summary, f"{model_name}."),
                          f"{model_name}.world_test.accuracy": world["accuracy"]})
-        lo, hi = summary["average_ci"]
         wlo, whi = world["ci"]
-        say("evaluate", f"{model_name}: average {summary['average']:.1f} [{lo:.1f}, {hi:.1f}] over "
-                        f"{len(suite)} benchmarks; world test accuracy {world['accuracy']:.3f} [{wlo:.3f}, {whi:.3f}]")
-    report["score"] = report["models"][CANDIDATE]["average"]
-    report["differences"] = paired_differences(pairs_to_compare(list(models)), items_by_model, root / EVAL_DIR,
-                                               ev.bootstrap, cfg.seed)
+        bench = ""
+        if suite:
+            lo, hi = summary["average_ci"]
+            bench = f"average {summary['average']:.1f} [{lo:.1f}, {hi:.1f}] over {len(suite)} benchmarks; "
+        say("evaluate", f"{model_name}: {bench}{test_label.removesuffix(' split')} accuracy {world['accuracy']:.3f} "
+                        f"[{wlo:.3f}, {whi:.3f}]")
+    candidate = report["models"][CANDIDATE]
+    report["score"] = candidate["average"] if suite else 100 * candidate["world_test"]["accuracy"]
+    report["differences"] = paired_differences(pairs_to_compare(list(models)), items_by_model,
+                                               root / EVAL_DIR if suite else None, ev.bootstrap, cfg.seed)
     for label, d in report["differences"].items():
         key = label.replace(" ", "")
         run.log_metrics({f"diff.{key}.world_test": d["world_test"]["diff"],
-                         f"diff.{key}.average": d["average"]["diff"]})
-        say("evaluate", headline(d))
+                         **({f"diff.{key}.average": d["average"]["diff"]} if "average" in d else {})})
+        say("evaluate", headline(d, test_label))
+    (root / EVAL_DIR).mkdir(parents=True, exist_ok=True)  # a DVC output even when no benchmark filled it
     written = write_report(report, root / EVAL_JSON, root / EVAL_MD, root / EVAL_PNG)
     (root / EVAL_ITEMS).write_text("".join(json.dumps(i) + "\n" for i in world_items))
     for p in [*written, root / EVAL_ITEMS]:

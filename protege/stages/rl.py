@@ -22,7 +22,7 @@ from protege.paths import (
     DISCRIMINATOR,
     RL_CHECKPOINTS,
     SFT_MODEL,
-    SPLIT_TABLES,
+    split_table,
     TEACHER_ANSWERS,
 )
 from protege.rewards.llm_judge import LLMJudge
@@ -37,10 +37,11 @@ STATE = "state"
 CURVE = Path("reports/rl/learning_curve.csv")  # DVC plots: step, accuracy, one column per question kind
 
 
-def input_files(ril: bool) -> list[Path]:
-    """The files an RL run starts from: SFT weights, curated questions, the val split of its learning curve,
-    and for RIL the teacher answers and discriminator."""
-    return [SFT_MODEL, CURATED_RL, SPLIT_TABLES["val"]] + ([TEACHER_ANSWERS, DISCRIMINATOR] if ril else [])
+def input_files(root: Path, val: Path, ril: bool) -> list[Path]:
+    """The files an RL run starts from: SFT weights, curated questions, the val split of its learning curve
+    (when there is one), and for RIL the teacher answers and discriminator."""
+    return [SFT_MODEL, CURATED_RL, *([val] if (root / val).exists() else []),
+            *([TEACHER_ANSWERS, DISCRIMINATOR] if ril else [])]
 
 
 def teacher_answers(root: Path) -> dict[str, list[tuple[str, str]]]:
@@ -101,14 +102,15 @@ def empty_curve(path: Path) -> None:
 def learning_curve(cfg: Config, root: Path, run, processor, path: Path, resumed_after: int,
                    stage: str) -> LearningCurve | None:
     c = cfg.rl
-    val = root / SPLIT_TABLES["val"]
+    val_rel = split_table(cfg.data.source, "val")
+    val = root / val_rel
     if c.eval_every == 0 or not val.exists():
         empty_curve(root / path)
         say(stage, "no learning curve: " + ("rl.eval_every is 0" if c.eval_every == 0 else
-                                            f"{SPLIT_TABLES['val']} is absent"))
+                                            f"{val_rel} is absent (data.val is null)"))
         return None
     rows = load_rows(val)[:c.eval_items]
-    run.log_input(SPLIT_TABLES["val"], context="learning_curve")
+    run.log_input(val_rel, context="learning_curve")
     say(stage, f"learning curve: greedy accuracy on {len(rows)} val questions every {c.eval_every} steps -> {path}")
     return LearningCurve(root / path, rows, processor, cfg.evaluate.batch_size, c.max_new_tokens, run, resumed_after)
 
@@ -130,7 +132,7 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     ref = None if c.trainable == "lora" or c.kl_beta == 0 else load_model(cfg, root / SFT_MODEL)[0]
     policy = with_lora(cfg, policy, c.trainable)
     out = root / out_rel
-    digest = inputs_digest(root, input_files(ril))
+    digest = inputs_digest(root, input_files(root, split_table(cfg.data.source, "val"), ril))
     resumed = prepare_out_dir(out, fingerprint(c, cfg.seed, digest), c.steps)
     judge = None
     if c.judge == "llm":

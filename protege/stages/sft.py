@@ -12,7 +12,7 @@ from pathlib import Path
 from protege.config import Config, tracked_params
 from protege.data.rows import load_rows
 from protege.models.student import save_student
-from protege.paths import SFT_MODEL, SPLIT_TABLES, TRAINING_STATES
+from protege.paths import SFT_MODEL, TRAINING_STATES, split_table
 from protege.pool import pool_tables
 from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import init_dir, load_model, log_start_model, model_path, with_lora
@@ -25,13 +25,14 @@ def run(cfg: Config, root: Path, run) -> None:
     if not lead:
         run = QuietRun()
     run.log_params(tracked_params(cfg.sft), "sft.")
-    run.log_input(SPLIT_TABLES["train"], context="train")
+    train = split_table(cfg.data.source, "train")
+    run.log_input(train, context="train")
     start = init_dir(cfg, root)
     log_start_model(cfg, root, run, start, "init")
     model, processor = load_model(cfg, start)
     model = with_lora(cfg, model, cfg.sft.trainable)
-    rows = load_rows(root / SPLIT_TABLES["train"])
-    processor.check_images(rows, str(SPLIT_TABLES["train"]))
+    rows = load_rows(root / train)
+    processor.check_images(rows, str(train))
     pooled = pool_tables(root)
     for table in pooled:
         run.log_input(table.relative_to(root), context="pool")
@@ -39,11 +40,12 @@ def run(cfg: Config, root: Path, run) -> None:
         processor.check_images(more, str(table.relative_to(root)))
         rows += more
     if lead:
-        say("sft", f"{len(rows)} examples ({len(pooled)} pool batches), from {cfg.sft.init}, "
+        origin = cfg.model.path if model_path(cfg, root) == start else cfg.sft.init
+        say("sft", f"{len(rows)} examples ({len(pooled)} pool batches), from {origin}, "
                    f"{cfg.sft.steps} steps of {cfg.sft.batch_size}")
     state = root / TRAINING_STATES / "sft"
     outside = model_path(cfg, root) == start
-    digest = inputs_digest(root, [SPLIT_TABLES["train"], *([] if outside else [cfg.sft.init]),
+    digest = inputs_digest(root, [train, *([] if outside else [cfg.sft.init]),
                                   *(t.relative_to(root) for t in pooled)], [cfg.model.digest] if outside else [])
     result = train_sft(model, processor, rows, cfg.sft, cfg.seed, on_log=step_logger("sft", run) if lead else None,
                        state_dir=state, inputs_digest=digest,

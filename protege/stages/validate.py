@@ -6,17 +6,20 @@ from pathlib import Path
 from protege.config import Config
 from protege.data.rows import REQUIRED_COLUMNS, check_parquet_table
 from protege.data.validate import DatasetInvalid, summary_frame, validate_tables
-from protege.paths import SPLIT_TABLES, VALIDATION_REPORT
+from protege.paths import REQUIRED_SPLITS, SPLITS, VALIDATION_REPORT, split_table
 from protege.stages.common import say
 
 
 def run(cfg: Config, root: Path, run) -> None:
     import json
 
-    tables = [root / p for p in SPLIT_TABLES.values()]
-    for split, rel in SPLIT_TABLES.items():  # each table readable, with its columns, before anything is logged
+    # val may be left out of your files (no learning curve); the world always writes it
+    rels = {s: split_table(cfg.data.source, s) for s in SPLITS}
+    rels = {s: r for s, r in rels.items() if s in REQUIRED_SPLITS or cfg.data.source == "world" or (root / r).exists()}
+    tables = [root / p for p in rels.values()]
+    for split, rel in rels.items():  # each table readable, with its columns, before anything is logged
         check_parquet_table(root / rel, REQUIRED_COLUMNS, what=f"'{split}' split", shown=rel)
-    for rel in SPLIT_TABLES.values():
+    for rel in rels.values():
         run.log_input(rel, context="validate")
     report, failures = validate_tables(tables)
     # report paths relative to the project, as users know them

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from protege.config import Config, tracked_params
+from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
 from protege.models.student import build_student, save_student
 from protege.models.tokenizer import train_tokenizer
@@ -21,6 +22,9 @@ from protege.world.teachers import all_templates
 
 
 def run(cfg: Config, root: Path, run) -> None:
+    if cfg.data.source != "world":
+        raise UserFacingError(f"data.source is {cfg.data.source!r} but dvc.yaml still runs the world stage: run "
+                              "`protege dag` to write dvc.yaml for your files (`protege pipeline` does it itself)")
     run.log_params(tracked_params(cfg.world), "world.")
     run.log_params(tracked_params(cfg.model), "model.")
     out = root / WORLD

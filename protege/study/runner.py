@@ -42,17 +42,18 @@ from protege.paths import (
     CURATED,
     CURATED_RL,
     DISCRIMINATOR,
+    IMPORTED,
     MERGED_MODEL,
     MINI_BENCHMARKS,
     RL_CHECKPOINTS,
     SFT_MODEL,
-    SPLIT_TABLES,
     STAGE_METRICS,
     TEACHER_ANSWERS,
     TOOL_RL,
     TOOL_SFT_MODEL,
     WORLD,
     checkpoints,
+    split_table,
 )
 from protege.stages.games import GAMES
 from protege.study.spec import GAME_TASKS, RunSpec, Study, Suite, load_study
@@ -64,7 +65,7 @@ LOG = "log.txt"
 STATE = "study.json"                      # reports/study/<name>/study.json: the parent run id
 # linked into every run folder
 SHARED = (Path("data"), SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL, TOOL_SFT_MODEL, Path("dvc.lock"))
-UPSTREAM = (WORLD, MINI_BENCHMARKS, CURATED, TEACHER_ANSWERS, SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL,
+UPSTREAM = (WORLD, IMPORTED, MINI_BENCHMARKS, CURATED, TEACHER_ANSWERS, SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL,
             TOOL_SFT_MODEL)  # fingerprinted
 # upstream that feeds one task's studies only: rebuilding it leaves the other studies' finished runs finished
 # (models/agent_sft was fingerprinted by every study before and stays so)
@@ -88,7 +89,7 @@ def say(message: str) -> None:
 def required_upstream(runs: list[RunSpec], task: str = "qa") -> list[Path]:
     if task in GAME_TASKS:
         return [GAMES[task].sft_model]
-    need = [SPLIT_TABLES["test"], SFT_MODEL]
+    need = [split_table(runs[0].config.data.source if runs else "world", "test"), SFT_MODEL]
     if any(r.train for r in runs):
         need.append(CURATED_RL)
     if any(r.train and r.config.rl.algorithm == "ril" for r in runs):
@@ -114,8 +115,9 @@ def check_upstream(study: Study, runs: list[RunSpec] | None = None) -> None:
 
 
 def upstream_digest(project: Path, task: str = "qa") -> str:
+    # your imported data counts where there is some: a world project's fingerprints stay what they were
     parts = {str(rel): tracking.input_digest(project, rel) for rel in UPSTREAM
-             if TASK_UPSTREAM.get(rel, task) == task}
+             if TASK_UPSTREAM.get(rel, task) == task and (rel != IMPORTED or (project / rel).exists())}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -225,7 +227,7 @@ def evaluate_models(cfg, root: Path, models: dict[str, Path], label: str) -> dic
     ev = cfg.evaluate
     suite = load_suite(benchmark_files(ev, root), mini=ev.benchmarks == "mini")
     complete, grader = completer_for(ev.judge, root, cfg.seed), grader_prompt(ev, root)
-    rows = load_rows(root / SPLIT_TABLES["test"])
+    rows = load_rows(root / split_table(cfg.data.source, "test"))
     out = {}
     for name, rel in models.items():
         model, processor = load_student(root / rel)

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 from protege.config import Config
 from protege.errors import UserFacingError
-from protege.paths import CURATED_RL, SPLIT_TABLES
+from protege.paths import CURATED_RL, split_table
 from protege.study.spec import ServiceSpec, Study
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
@@ -52,7 +52,8 @@ def start(study: Study, configs: list[Config], log=print, timeout_s: float = 60.
         if _port_open(spec.port):
             raise UserFacingError(f"{study.path}: services.{name}: port {spec.port} is already in use; stop what "
                                   "listens there or pick another port (and the base_url that names it)")
-        tables = [str(study.project / t) for t in (CURATED_RL, SPLIT_TABLES["rl"]) if (study.project / t).exists()]
+        pools = {split_table(c.data.source, "rl") for c in configs}
+        tables = [str(study.project / t) for t in (CURATED_RL, *sorted(pools)) if (study.project / t).exists()]
         cmd = [sys.executable, "-m", "protege.loopback_server", "--port", str(spec.port), "--judge",
                "--latency", str(spec.latency_s), "--judge-rows", *tables]
         log_path = study.out_dir / "services" / f"{name}.log"

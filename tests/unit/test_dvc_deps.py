@@ -64,3 +64,41 @@ def test_a_module_re_runs_only_the_stages_that_import_it():
     # registry imports every estimator, so an estimator file re-runs the RL stages, and never sft
     assert "protege/rl/code_similarity.py" not in declared_code("sft") | declared_code("rl")
     assert "protege/rl/estimators/rloo.py" in declared_code("rl") and "protege/rl/gtpo.py" not in declared_code("sft")
+
+
+# --- dvc.yaml is written for the params' data source (protege/dag.py) --------------------------------
+
+def files_config(tmp_path):
+    from protege.config import Config
+
+    return Config(data={"source": "files", "train": "mine/train.jsonl", "rl": ["mine/rl", "/abs/more_rl.parquet"],
+                        "test": "mine/test.parquet", "images": "mine/images"},
+                  model={"path": str(tmp_path / "model")})
+
+
+def test_the_committed_dvc_yaml_is_the_params_rendering():
+    from protege import dag
+    from protege.config import load_config
+
+    assert (ROOT / "dvc.yaml").read_text() == dag.render(load_config(ROOT / "params.yaml")), \
+        "dvc.yaml is out of date: run `protege dag` (or dev/sync_dvc_deps.py)"
+
+
+def test_files_source_puts_a_data_stage_in_place_of_the_world(tmp_path):
+    from protege import dag
+
+    spec = yaml.safe_load(dag.render(files_config(tmp_path)))["stages"]
+    assert "world" not in spec and "mini_benchmarks" not in spec and list(spec)[0] == "data"
+    deps = [str(d) for d in spec["data"]["deps"]]
+    assert deps[:4] == ["mine/train.jsonl", "mine/rl", "/abs/more_rl.parquet", "mine/test.parquet"]
+    assert "mine/images" in deps and spec["data"]["outs"][0] == {"data/imported": {"persist": True}}
+    flat = yaml.safe_dump(spec)
+    assert "data/world" not in flat and "models/base" not in flat and "data/benchmarks" not in flat
+    assert "data/imported/train.parquet" in spec["sft"]["deps"] and "${sft.init}" not in spec["sft"]["deps"]
+    assert "data/imported/rl.parquet" in spec["curate"]["deps"]
+    assert not any("val.parquet" in str(d) for d in spec["rl"]["deps"])   # data.val null: no curve dependency
+    assert "data/imported/test.parquet" in spec["evaluate"]["deps"]
+    for stage, body in spec.items():  # every stage of the files DAG declares its code and params too
+        code = [str(d) for d in body.get("deps", []) if str(d).startswith("protege/")]
+        assert not stage_deps.missing_code_deps(stage, code), stage
+        assert not stage_deps.missing_params(stage, [str(p) for p in body.get("params", [])]), stage
