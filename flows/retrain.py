@@ -16,10 +16,9 @@ from prefect.runtime import flow_run  # noqa: E402
 
 import protege  # noqa: E402,F401  (offline settings)
 from flows.pipeline import run_stages  # noqa: E402
-from protege.stages import STAGES  # noqa: E402
 from protege.workspace import workspace_lock  # noqa: E402
 from tasks.retrain import admit, record, start_from_champion  # noqa: E402
-from tasks.stages import close_parent_run, open_parent_run  # noqa: E402
+from tasks.stages import close_parent_run, open_parent_run, write_dag  # noqa: E402
 
 
 @flow(name="protege-retrain", log_prints=True)
@@ -33,9 +32,10 @@ def retrain(project_dir: str = ".", dispatch: str = "inline", wait_for_workspace
             print("no new data in data/incoming/: nothing to train")
             return record(project_dir, run_id, admission, None)
         start = start_from_champion(project_dir)
+        stages = write_dag(project_dir)  # sft.init now names the champion: with your files, a dependency again
         parent = open_parent_run(project_dir, "retrain")
         try:
-            run_stages(project_dir, STAGES, parent, dispatch)
+            run_stages(project_dir, stages, parent, dispatch)
         except BaseException:
             close_parent_run(project_dir, parent, "FAILED")
             raise

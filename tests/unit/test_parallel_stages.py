@@ -6,11 +6,14 @@ import time
 import pytest
 
 from protege.pipeline import descendants, run_dag, stage_upstream
-from protege.stages import STAGES
 from tests.conftest import REPO
 
 
 def test_upstream_stages_come_from_dvc_yaml():
+    from protege.dag import stages_in
+
+    STAGES = stages_in(REPO)  # the world DAG: no data stage
+    assert "data" not in STAGES and STAGES[0] == "world"
     up = stage_upstream(REPO, STAGES)
     assert up["world"] == []
     assert up["agent_rl"] == ["agent_sft"] and up["agent_sft"] == ["world"]

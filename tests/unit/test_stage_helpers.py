@@ -34,7 +34,7 @@ def test_discriminator_pretraining_draws_n_teacher_answers_per_question():
 
 def test_rl_resume_state_is_tied_to_its_inputs(tmp_path):
     from protege.config import RLConfig
-    from protege.paths import CURATED_RL, SFT_MODEL
+    from protege.paths import CURATED_RL, SFT_MODEL, SPLIT_TABLES
     from protege.rl.loop import fingerprint
     from protege.stages.common import inputs_digest
     from protege.stages.rl import input_files
@@ -43,11 +43,11 @@ def test_rl_resume_state_is_tied_to_its_inputs(tmp_path):
     (tmp_path / SFT_MODEL / "model.safetensors").write_bytes(b"weights-1")
     (tmp_path / CURATED_RL).parent.mkdir(parents=True)
     (tmp_path / CURATED_RL).write_bytes(b"table")
-    before = inputs_digest(tmp_path, input_files(ril=False))
+    before = inputs_digest(tmp_path, input_files(tmp_path, SPLIT_TABLES["val"], ril=False))
     stat = (tmp_path / SFT_MODEL / "model.safetensors").stat()
     (tmp_path / SFT_MODEL / "model.safetensors").write_bytes(b"weights-2")  # a new SFT checkpoint, same size
     os.utime(tmp_path / SFT_MODEL / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and mtime
-    after = inputs_digest(tmp_path, input_files(ril=False))
+    after = inputs_digest(tmp_path, input_files(tmp_path, SPLIT_TABLES["val"], ril=False))
     assert before != after
     cfg = RLConfig()
     assert fingerprint(cfg, 0, before) != fingerprint(cfg, 0, after)
