@@ -176,6 +176,21 @@ def _message_text(content) -> str | None:
     return None
 
 
+def _part_images(messages) -> list:
+    """Images given inside chat messages' content parts ({"type": "image", "image": ...} or an image_url)."""
+    found = []
+    for m in messages if isinstance(messages, list) else []:
+        content = m.get("content", m.get("value")) if isinstance(m, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") == "image" and part.get("image") is not None:
+                found.append(part["image"])
+            elif part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
+                found.append(part["image_url"].get("url"))
+    return [f for f in found if f is not None]
+
+
 def _question(value) -> str | None:
     """A question field: text, or a chat-message list (verl's `prompt`), whose last user message is it."""
     if isinstance(value, list):
@@ -274,6 +289,8 @@ def normalise(label: str, rec: dict, columns: dict[str, str]) -> Record:
             return out
     images = _first(rec, "image", columns)
     out.images = _images(images) if images is not None else [rec[k] for k in NUMBERED_IMAGES if rec.get(k) is not None]
+    if not out.images:  # a chat layout may carry its images in the messages' content parts
+        out.images = _part_images(turns if turns is not None else _first(rec, "question", columns))
     options = _first(rec, "options", columns)
     if options is not None:
         parsed = _options(options)
@@ -288,13 +305,18 @@ def normalise(label: str, rec: dict, columns: dict[str, str]) -> Record:
 
 
 def _letter(answer: str, options: list[str]) -> str | None:
-    """The option letter an answer names: 'B', '(B)', 'B.' or the option's own text."""
+    """The option letter an answer names: 'B', '(B)', 'B.', the option's own text, or else a 0-based index
+    (ScienceQA and AI2D give the answer as the option's position)."""
     letters = OPTION_LETTERS[:len(options)]
     m = re.fullmatch(r"\(?([A-Ja-j])[.):]?", answer.strip())
     if m and m.group(1).upper() in letters:
         return m.group(1).upper()
     matches = [letters[i] for i, o in enumerate(options) if o.strip().lower() == answer.strip().lower()]
-    return matches[0] if len(matches) == 1 else None
+    if len(matches) == 1:
+        return matches[0]
+    if not matches and answer.strip().isdigit() and int(answer) < len(letters):
+        return letters[int(answer)]
+    return None
 
 
 def finish(rec: Record) -> Record:

@@ -190,3 +190,17 @@ def test_the_world_stage_refuses_to_run_for_files(tmp_path):
     cfg = files_cfg(tmp_path, train="a", rl="b", test="c")
     with pytest.raises(UserFacingError, match="run `protege dag`"):
         world.run(cfg, tmp_path, NoRun())
+
+
+def test_images_inside_message_parts_and_an_answer_given_as_the_options_index(tmp_path):
+    recs = [{"id": "q", "messages": [
+        {"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "Which?"}]},
+        {"role": "assistant", "content": "B"}]}]
+    (rec,) = read_file(jsonl(tmp_path / "m.jsonl", recs))
+    assert rec.images == ["a.png"] and rec.question == "Which?"
+    pd.DataFrame([{"question": "Which one?", "choices": ["3", "5", "7"], "answer": 2, "image": png()}]).to_parquet(
+        tmp_path / "sqa.parquet")
+    assert read_file(tmp_path / "sqa.parquet")[0].answer == "C"                      # ScienceQA: an index
+    pd.DataFrame([{"question": "Which two?", "choices": ["3", "5", "7"], "answer": "1", "image": png()}]).to_parquet(
+        tmp_path / "txt.parquet")
+    assert read_file(tmp_path / "txt.parquet")[0].answer == "B"                      # "1": no option says it
