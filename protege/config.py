@@ -183,6 +183,13 @@ def untracked_keys(section: type[BaseModel], prefix: str = "") -> set[str]:
     return out
 
 
+def _micro_batch_field():
+    """Tokens (rows x padded width) per forward of a training or scoring pass; a step's batch is split into
+    micro-batches of at most this many and their gradients add up. null: derived from the model's shape and the
+    device's memory (protege/runtime/micro.py). Memory only: the loss is the same whatever the split."""
+    return Field(None, ge=1, le=1 << 40, **affects(NOTHING))
+
+
 class Section(BaseModel):
     # allow_inf_nan: an infinite or NaN number is never a setting
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -383,6 +390,7 @@ class SFTConfig(Section):
     # the training runtime (protege/runtime), as for rl
     backend: Literal["torch", "deepspeed"] = "torch"  # deepspeed: ZeRO, and several processes under torchrun
     zero_stage: Literal[2, 3] = 2
+    micro_batch_tokens: int | None = _micro_batch_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"    # auto: cuda when available
     # steps between training states (exact resume after a kill)
     save_every: int = Field(100, ge=1, le=10_000_000, **affects(OUTPUTS))
@@ -423,6 +431,7 @@ class DiscPretrainConfig(Section):
     holdout_fraction: float = Field(0.2, gt=0, lt=1)
     backend: Literal["torch", "deepspeed"] = "torch"  # the training runtime, as sft's
     zero_stage: Literal[2, 3] = 2
+    micro_batch_tokens: int | None = _micro_batch_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"
     save_every: int = Field(50, ge=1, le=10_000_000, **affects(OUTPUTS))
     # lora: adapters on the backbone (model.lora) + the head; the saved discriminator holds merged weights
@@ -461,6 +470,7 @@ class RLConfig(SamplingConfig):
     max_missing_fraction: float = Field(0.1, ge=0, le=1)  # questions without teacher answers: skip, or fail above this
     backend: Literal["torch", "deepspeed"] = "torch"     # deepspeed: ZeRO for the policy and discriminator updates
     zero_stage: Literal[2, 3] = 2
+    micro_batch_tokens: int | None = _micro_batch_field()  # policy, reference and discriminator forwards
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     offload_idle: bool = Field(True, **affects(NOTHING))  # reference model / discriminator on the device only while used
     # learning curve: greedy accuracy on the world's val split at step 0, every eval_every steps and at the end
@@ -522,6 +532,7 @@ class AgentSFTConfig(Section):
     episodes: int = Field(1500, ge=1, le=10_000_000)
     steps: int = Field(1200, ge=1, le=10_000_000)
     batch_size: int = Field(32, ge=1, le=1_000_000)   # rows: turns under context "current", else episodes
+    micro_batch_tokens: int | None = _micro_batch_field()
     lr: float = Field(2e-3, gt=0, le=10)
     log_every: int = Field(25, ge=1, le=10_000_000, **affects(NOTHING))
     # steps between training states: a re-run resumes
@@ -587,6 +598,7 @@ class AgentRLConfig(SamplingConfig):
     # deepspeed: ZeRO for the policy's update, in one process (episodes are played by one process)
     backend: Literal["torch", "deepspeed"] = "torch"
     zero_stage: Literal[2, 3] = 2
+    micro_batch_tokens: int | None = _micro_batch_field()
     gtr: GTRConfig = GTRConfig()
     gtpo: GTPOConfig = GTPOConfig()
     ppo: PPOConfig = PPOConfig()

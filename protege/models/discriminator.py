@@ -54,6 +54,11 @@ class Discriminator(nn.Module):
         self.head.requires_grad_(True)
         return self
 
+    @property
+    def config(self):
+        """The backbone's config: what its memory plan and micro-batch budget are read from."""
+        return self.backbone.config
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 

@@ -168,7 +168,7 @@ class StudentProcessor:
     # ------------------------------------------------------------------ encoding
 
     @staticmethod
-    def _as_lists(images: list) -> list[list[Image.Image]]:
+    def image_lists(images: list) -> list[list[Image.Image]]:
         """Each prompt's images: a single image, a list of images, or None / [] for none."""
         return [[] if im is None else list(im) if isinstance(im, (list, tuple)) else [im] for im in images]
 
@@ -185,7 +185,7 @@ class StudentProcessor:
 
     def encode_prompts(self, questions: list[str], images: list) -> dict[str, torch.Tensor]:
         """Left-padded prompts for generation; `images[i]` is one image, a list of images, or None."""
-        per_prompt = self._as_lists(images)
+        per_prompt = self.image_lists(images)
         return self._call([self.prompt(q, len(ims)) for q, ims in zip(questions, per_prompt)], per_prompt, "left")
 
     def answer_token_counts(self, prompts: list[str], answers: list[str]) -> list[int]:
@@ -207,7 +207,7 @@ class StudentProcessor:
     def encode_pairs(self, questions: list[str], images: list, answers: list[str],
                      padding_side: str = "right") -> dict[str, torch.Tensor]:
         """Prompt + answer + end-of-turn, with `answer_mask` marking the answer's tokens (loss targets)."""
-        per_prompt = self._as_lists(images)
+        per_prompt = self.image_lists(images)
         prompts = [self.prompt(q, len(ims)) for q, ims in zip(questions, per_prompt)]
         out = self._call([p + a + self.end_of_turn for p, a in zip(prompts, answers)], per_prompt, padding_side)
         attn = out["attention_mask"]
@@ -222,7 +222,7 @@ class StudentProcessor:
 
     def token_length(self, question: str, answer: str, image) -> int:
         """Tokens the model sees for prompt + answer, image tokens included."""
-        per_prompt = self._as_lists([image])
+        per_prompt = self.image_lists([image])
         text = self.prompt(question, len(per_prompt[0])) + answer + self.end_of_turn
         return int(self._call([text], per_prompt, "right")["attention_mask"].sum())
 
@@ -234,7 +234,7 @@ class StudentProcessor:
 
         seen: set[tuple[int, int]] = set()
         for row in rows:
-            for im in self._as_lists([row.image])[0]:
+            for im in self.image_lists([row.image])[0]:
                 if im.size in seen:
                     continue
                 try:
@@ -308,7 +308,7 @@ class StudentProcessor:
         says which entries belong to which image: a first dimension that counts images (LLaVA, Gemma), or
         rows (SmolVLM), or patches with a grid per image (the Qwen-VL family's `image_grid_thw`). Any other
         layout is computed again by the image processor for the selected rows."""
-        per_row = self._as_lists(images)
+        per_row = self.image_lists(images)
         B = batch["input_ids"].shape[0]
         counts = [len(ims) for ims in per_row]
         n_images = sum(counts)

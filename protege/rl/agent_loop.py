@@ -45,6 +45,7 @@ from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.rollout.trajectory import token_logprobs
 from protege.runtime.distributed import one_process
+from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.placement import CPU, resolve_device
 from protege.runtime.run import Run, due
 from protege.runtime.schedule import lr_factor
@@ -138,6 +139,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         parts["value_head"] = Weights(head)
     for term in guidance:
         parts.update(term.parts)
+    tokens_per_forward = budget_tokens(rl.micro_batch_tokens, policy, device)
     L_max = rl.max_new_tokens * max_turns(cfg)  # Dr.GRPO's constant denominator: the longest possible episode
     run = Run(state_dir, parts, rng, agent_fingerprint(cfg, seed, inputs_digest), rl.steps, on_saved=on_state_saved)
     start, _ = run.resume()
@@ -158,59 +160,82 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             eps = play(policy, processor, [new_env() for _ in seeds], seeds, sampling, device=device,
                        context=cfg.context)
         rollout_s = time.perf_counter() - t_roll
-        batch = pack_episodes(processor, eps).to(device)
-        mask = batch.loss_mask.float()  # [N, T-1] the policy's own tokens (N rows: episodes, or their turns)
+        batch = pack_episodes(processor, eps)  # N rows: episodes, or their turns (on the CPU; parts go to the device)
+        spans = micro_batches(batch.n, batch.width, tokens_per_forward)
+        parts = [(batch if len(span) == batch.n else batch.select(span, processor)).to(device) for span in spans]
+        mask = batch.loss_mask.float().to(device)  # [N, T-1] the policy's own tokens
+        n_rows, n_tok = batch.n, float(mask.sum())
         returns = torch.tensor([e.total_reward for e in eps])  # [E]
         r_turn, valid = turn_rewards(eps)  # [E, Tmax] each
+        E, T = r_turn.shape
+
+        # pi_old: the policy that played the episodes scores them once, micro-batch by micro-batch (PPO: with V)
+        with torch.no_grad():
+            old = [scored_with_values(policy, head, part) if head is not None
+                   else (*token_logprobs(policy, part, with_entropy=True), None) for part in parts]
+        logp_old = torch.cat([o[0] for o in old])  # [N, T-1]
+        entropy = torch.cat([o[1] for o in old])  # [N, T-1]
         values = None  # [E, Tmax] PPO's V of each turn's state
-        if head is None:
-            logp, entropy = token_logprobs(policy, batch, with_entropy=True)  # [N, T-1] each
-        else:
-            logp, entropy, v_tok = scored_with_values(policy, head, batch)  # [N, T-1] each
-            values = turn_values(v_tok.detach(), batch, *r_turn.shape).cpu()
+        if head is not None:
+            values = turn_values(torch.cat([o[2] for o in old]).cpu(), batch, E, T)
 
         # 3. rewards per turn and per episode; guidance terms shape them (GTPO's similarity bonus for failed
         # episodes on the last turn, GTR-Turbo `kl`'s clamped KL to the merged teacher on each turn)
         metrics: dict[str, float] = {}
-        seen = Step(policy, eps, batch, logp, mask, device, metrics)
+        seen = Step(policy, eps, batch, logp_old, mask, device, metrics, parts, tokens_per_forward)
         rewards = Returns(r_turn, valid, G, total=returns, values=values)
         for term in guidance:
             rewards = term.shape(seen, rewards)
 
         # 4. the estimator's advantage per (episode, turn), spread over that turn's tokens
         adv_turn = advantage(rewards, rl)  # [E, Tmax]
-        adv_tokens = token_advantages(adv_turn.to(device), batch.owner, batch.turn, mask)  # [N, T-1]
+        adv_tokens = token_advantages(adv_turn.to(device), batch.owner.to(device), batch.turn.to(device), mask)
 
         # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy), + guidance terms (GTR-Turbo `sft`: CE on
-        # the merged teacher's thoughts); PPO adds its value loss and takes ppo.epochs passes over the episodes
+        # the merged teacher's thoughts); PPO adds its value loss and takes ppo.epochs passes over the episodes.
+        # Each pass is micro-batches whose losses are shares of the whole batch's and whose gradients add up.
         if rl.kl_beta > 0:
             with torch.no_grad(), reference(policy, ref, device, device != CPU) as frozen:
-                logp_ref = token_logprobs(frozen, batch)
+                logp_ref = torch.cat([token_logprobs(frozen, part) for part in parts])
         else:
-            logp_ref = logp.detach()
-        logp_old = logp.detach()  # pi_old: the policy that played the episodes
+            logp_ref = logp_old
         if head is not None:
             _, targets = gae(rewards.turn, values, valid, rl.ppo.gamma, rl.ppo.lam)  # [E, Tmax] V's targets
+            targets, n_turns = targets.to(device), float(valid.sum())
+        aggregation = "dr_grpo" if rl.algorithm == "dr_grpo" else "grpo"  # gtpo and ppo average as grpo does
         for k in range(rl.ppo.epochs if head is not None else 1):
-            if k:  # PPO's later passes score the same episodes under the moved policy
-                logp, entropy, v_tok = scored_with_values(policy, head, batch)
-            loss, stats = policy_loss(logp, logp_old, logp_ref, adv_tokens, mask,
-                                      clip_eps=rl.ppo.clip_eps if head is not None else rl.clip_eps,
-                                      kl_beta=rl.kl_beta, max_len=L_max,
-                                      # gtpo and ppo average each sequence's tokens as grpo does
-                                      aggregation="dr_grpo" if rl.algorithm == "dr_grpo" else "grpo")
-            if head is not None:
-                v_loss = value_loss(turn_values(v_tok, batch, *r_turn.shape), targets.to(device), valid.to(device))
-                metrics["value_loss"] = float(v_loss.detach())
-                loss = loss + rl.ppo.value_coef * v_loss
+            loss, stats, v_loss = 0.0, {"kl": 0.0, "clip_fraction": 0.0}, 0.0
+            for span, part in zip(spans, parts):
+                rows = slice(span.start, span.stop)
+                if head is None:
+                    logp, v_tok = token_logprobs(policy, part), None
+                else:
+                    logp, _, v_tok = scored_with_values(policy, head, part)
+                share, part_stats = policy_loss(logp, logp_old[rows], logp_ref[rows], adv_tokens[rows],
+                                                mask[rows], clip_eps=rl.ppo.clip_eps if head is not None else rl.clip_eps,
+                                                kl_beta=rl.kl_beta, max_len=L_max, aggregation=aggregation,
+                                                rows=n_rows, tokens=n_tok)
+                if head is not None:
+                    v_part, held = turn_values(v_tok, part, E, T, with_found=True)
+                    v_share = value_loss(v_part, targets, valid.to(device) & held, turns=n_turns)
+                    v_loss += float(v_share.detach())
+                    share = share + rl.ppo.value_coef * v_share
+                if not torch.isfinite(share):
+                    raise FloatingPointError(f"agent RL loss is {share.item()} at step {step}; last good checkpoint: "
+                                             f"{saved[-1] if saved else 'none (the starting model)'}")
+                updater.backward(share)
+                loss += float(share.detach())
+                for key in stats:
+                    stats[key] += float(part_stats[key])
             for term in guidance if k == 0 else []:  # a guidance term's loss once per step
-                extra = term.loss(seen)
-                if extra is not None:
-                    loss = loss + extra
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"agent RL loss is {loss.item()} at step {step}; last good checkpoint: "
-                                         f"{saved[-1] if saved else 'none (the starting model)'}")
-            updater.update(loss)
+                for extra in term.loss(seen):
+                    if not torch.isfinite(extra):
+                        raise FloatingPointError(f"agent RL guidance loss is {extra.item()} at step {step}")
+                    updater.backward(extra)
+                    loss += float(extra.detach())
+            if head is not None:
+                metrics["value_loss"] = v_loss
+            updater.step()
 
         # 6. guidance terms follow the new weights (the merged teacher merges them in)
         with updater.gathered():
@@ -228,10 +253,10 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             n_tok = float(mask.sum())
             metrics.update(rollout_metrics(eps))
             metrics.update({
-                "entropy": float((entropy.detach() * mask).sum() / max(n_tok, 1.0)),
+                "entropy": float((entropy * mask).sum() / max(n_tok, 1.0)),
                 "reward": float(rewards.episode.mean()), "return": float(returns.mean()),
-                "loss": float(loss.detach()), "kl_ref": float(stats["kl"]),
-                "clip_fraction": float(stats["clip_fraction"]), "rollout_s": rollout_s, "step_s": seconds,
+                "loss": loss, "kl_ref": stats["kl"], "micro_batches": float(len(parts)),
+                "clip_fraction": stats["clip_fraction"], "rollout_s": rollout_s, "step_s": seconds,
                 "lr": updater.optimizer.param_groups[0]["lr"],
                 "tokens_per_episode": n_tok / len(eps)})
             on_log(step, metrics)

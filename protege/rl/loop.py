@@ -30,8 +30,9 @@ from protege.rl.guidance.discriminator import DiscriminatorSimilarity, QuestionS
 from protege.rl.losses import policy_loss
 from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
-from protege.rollout.trajectory import from_completions, token_logprobs
+from protege.rollout.trajectory import from_completions, score, token_logprobs
 from protege.runtime.distributed import barrier, world
+from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.placement import CPU, resolve_device, to_device
 from protege.runtime.run import Run, due, next_rows
 from protege.runtime.state import OptimizerState, TorchRNG, Weights
@@ -120,6 +121,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         ref.to(CPU if offload_ref else device)
     params = select_trainable(policy, cfg.trainable)
     updater = make_updater(cfg.backend, policy, params, cfg.lr, cfg.zero_stage, device)  # constant LR, as in RIL
+    tokens_per_forward = budget_tokens(cfg.micro_batch_tokens, policy, device)
     # guidance terms: RIL's discriminator similarity
     guidance = [DiscriminatorSimilarity(inputs.discriminator, cfg, processor, device)] if ril else []
     # what exact resume brings back, by name (the file names of a state folder)
@@ -208,26 +210,40 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         # 4. group-relative advantages (a group: a question's G answers, + its G teacher answers for RIL)
         adv = advantage(returns, cfg).flatten()  # [B]: one-turn episodes
 
-        # 5. one policy update (mu = 1): pi_old equals pi_theta before this step, so its log-probs (student
-        #    and teacher tokens alike) are the detached current ones and the ratio starts at exactly 1
+        # 5. one policy update (mu = 1), in micro-batches whose gradients add up: pi_old equals pi_theta before
+        #    this step, so each micro-batch's pi_old log-probs (student and teacher tokens alike) are its own
+        #    detached ones and the ratio starts at exactly 1; the losses are shares of the whole group's
         traj = from_completions(group, processor.repeat_rows(prompts, [r.image for r in batch_rows], per_q), processor,
-                                is_teacher)
-        logp_ref = None
+                                is_teacher, images=[r.image for r in batch_rows for _ in range(per_q)])
+        mask = traj.loss_mask.float()  # [B, L] student and teacher answer tokens
+        parts = [traj.select(rows_, processor) if len(rows_) < traj.n else traj
+                 for rows_ in micro_batches(traj.n, traj.width, tokens_per_forward)]
+        logp_ref = [None] * len(parts)
         if cfg.kl_beta > 0:  # with no KL term the reference forward would be wasted
             with torch.no_grad(), reference(policy, ref, device, offload_ref) as ref_model:
-                logp_ref = token_logprobs(ref_model, traj)
-        logp, entropy = token_logprobs(policy, traj, with_entropy=True)
-        if logp_ref is None:
-            logp_ref = logp.detach()
-        mask = traj.loss_mask.float()  # [B, L] student and teacher answer tokens
-        loss, stats = policy_loss(logp, logp.detach(), logp_ref, adv.to(device), mask, clip_eps=cfg.clip_eps,
-                                  kl_beta=cfg.kl_beta, aggregation="grpo" if cfg.algorithm == "grpo" else "dr_grpo",
-                                  max_len=L_max)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"RL loss is {loss.item()} at step {step}; last good checkpoint: "
-                                     f"{saved[-1] if saved else 'none (the SFT model)'}")
+                logp_ref = [token_logprobs(ref_model, part) for part in parts]
+        n_rows, n_tok = traj.n, float(mask.sum())
+        loss, stats, entropy_sum, first = 0.0, {"kl": 0.0, "clip_fraction": 0.0}, 0.0, 0
         t_update = time.perf_counter()
-        updater.update(loss)
+        for part, ref_lp in zip(parts, logp_ref):
+            rows_ = slice(first, first + part.n)
+            first += part.n
+            scored = score(policy, part, with_entropy=True)
+            m = part.loss_mask.float()
+            share, part_stats = policy_loss(scored.logp, scored.logp.detach(),
+                                            scored.logp.detach() if ref_lp is None else ref_lp, adv[rows_].to(device),
+                                            m, clip_eps=cfg.clip_eps, kl_beta=cfg.kl_beta,
+                                            aggregation="grpo" if cfg.algorithm == "grpo" else "dr_grpo",
+                                            max_len=L_max, rows=n_rows, tokens=n_tok)
+            if not torch.isfinite(share):
+                raise FloatingPointError(f"RL loss is {share.item()} at step {step}; last good checkpoint: "
+                                         f"{saved[-1] if saved else 'none (the SFT model)'}")
+            updater.backward(share)
+            loss += float(share.detach())
+            entropy_sum += float((scored.entropy.detach() * m).sum())
+            for k in stats:
+                stats[k] += float(part_stats[k])
+        updater.step()
         update_s = time.perf_counter() - t_update
         if rollout is not policy:  # the engine samples the next step: it gets the updated weights now
             with updater.gathered():
@@ -244,12 +260,11 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             run.save(step, {"order": order})  # collective under DeepSpeed
         if on_log:
             mask = mask.cpu()
-            n_tok = float(mask.sum())
             s_rows, t_rows = ~traj.is_teacher, traj.is_teacher  # [B] student rows, teacher rows
             metrics.update({
                 "reward": rewards[s_rows].mean().item(), "answer_reward_student": answer[s_rows].mean().item(),
-                "loss": loss.item(), "kl": stats["kl"].item(), "clip_fraction": stats["clip_fraction"].item(),
-                "entropy": float((entropy.detach().cpu() * mask).sum() / max(n_tok, 1.0)),
+                "loss": loss, "kl": stats["kl"], "clip_fraction": stats["clip_fraction"],
+                "entropy": entropy_sum / max(n_tok, 1.0), "micro_batches": float(len(parts)),
                 "response_length": float(mask[s_rows].sum() / max(int(s_rows.sum()), 1)),
                 "advantage_mean": adv.mean().item(), "advantage_std": adv.std().item(),
                 "samples_per_s": mask.shape[0] / seconds, "tokens_per_s": n_tok / seconds,

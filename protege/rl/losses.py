@@ -27,38 +27,42 @@ def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
-def aggregate_dr_grpo(per_token: torch.Tensor, mask: torch.Tensor, max_len: int) -> torch.Tensor:
+def aggregate_dr_grpo(per_token: torch.Tensor, mask: torch.Tensor, max_len: int, rows: int | None = None) -> torch.Tensor:
     """Dr.GRPO: sum over every completion token of the batch / (N * L_max). [N, L] -> scalar.
 
-    A constant denominator removes GRPO's length bias; micro-batches then add up exactly when each
-    micro-batch loss is scaled by its share of the sequences.
+    A constant denominator removes GRPO's length bias. For a micro-batch, `rows` is the whole batch's N: the
+    micro-batches' values then add up to the whole batch's.
     """
-    return (per_token * mask).sum() / (per_token.shape[0] * max_len)
+    return (per_token * mask).sum() / ((rows or per_token.shape[0]) * max_len)
 
 
-def aggregate_grpo(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """GRPO: mean over sequences of each sequence's token mean. [N, L] -> scalar."""
+def aggregate_grpo(per_token: torch.Tensor, mask: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+    """GRPO: mean over sequences of each sequence's token mean. [N, L] -> scalar (with `rows`, the whole
+    batch's N: this micro-batch's share of that mean)."""
     per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [N]
-    return per_seq.mean()
+    return per_seq.sum() / (rows or per_seq.shape[0])
 
 
 def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, clip_eps: float, kl_beta: float, aggregation: str,
-                max_len: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                max_len: int, rows: int | None = None,
+                tokens: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate + beta * k3 KL, aggregated per `aggregation` ('dr_grpo' | 'grpo').
 
     logp, logp_old, logp_ref, mask: [N, L]; advantages: [N] or [N, L] -> (scalar loss, detached stats).
+    For a micro-batch of a larger batch, `rows` and `tokens` are the whole batch's sequences and scored
+    tokens: the loss and the stats are then this micro-batch's shares, which add up to the whole batch's.
     """
     surrogate, clipped = clipped_surrogate(logp, logp_old, advantages, clip_eps)
     kl = kl_k3(logp, logp_ref)
     per_token = surrogate + kl_beta * kl  # [N, L]
     if aggregation == "dr_grpo":
-        loss = aggregate_dr_grpo(per_token, mask, max_len)
+        loss = aggregate_dr_grpo(per_token, mask, max_len, rows)
     elif aggregation == "grpo":
-        loss = aggregate_grpo(per_token, mask)
+        loss = aggregate_grpo(per_token, mask, rows)
     else:
         raise ValueError(f"unknown aggregation {aggregation!r}; expected 'dr_grpo' or 'grpo'")
-    n_tok = mask.sum().clamp(min=1)
+    n_tok = mask.sum().clamp(min=1) if tokens is None else max(float(tokens), 1.0)
     stats = {"kl": ((kl * mask).sum() / n_tok).detach(),
              "clip_fraction": ((clipped.float() * mask).sum() / n_tok).detach()}
     return loss, stats

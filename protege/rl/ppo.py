@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from protege.rollout.trajectory import Trajectory, logprobs_from_logits
+from protege.rollout.trajectory import Trajectory, score
 
 
 class ValueHead(torch.nn.Module):
@@ -26,17 +26,17 @@ class ValueHead(torch.nn.Module):
 
 
 def scored_with_values(model, head: ValueHead, traj: Trajectory):
-    """One forward: log pi of every target token [N, L], the entropy there [N, L], and the value of the
+    """One forward: log pi of every scored target token [N, L], the entropy there [N, L], and the value of the
     state each target token is written from [N, L] (position t's hidden state predicts token t + 1)."""
-    out = model(**traj.inputs, use_cache=False, output_hidden_states=True)
-    logp, entropy = logprobs_from_logits(out.logits, traj, with_entropy=True)  # [N, L] each
-    values = head(out.hidden_states[-1][:, traj.start:-1])  # [N, L]
-    return logp, entropy, values
+    s = score(model, traj, with_entropy=True, with_hidden=True)
+    return s.logp, s.entropy, head(s.hidden)  # [N, L] each
 
 
-def turn_values(values: torch.Tensor, traj: Trajectory, episodes: int, turns: int) -> torch.Tensor:
+def turn_values(values: torch.Tensor, traj: Trajectory, episodes: int, turns: int,
+                with_found: bool = False):
     """V of each (episode, turn): the value at the turn's first policy token. values: [N, L] -> [E, T], 0 for
-    a turn the episode does not have."""
+    a turn the episode does not have (or, for a micro-batch, whose row is elsewhere); with `with_found` also
+    [E, T] bool, True where the turn's first token is in `traj`."""
     own = traj.loss_mask.bool()  # [N, L]
     N, L = own.shape
     cell = traj.owner.unsqueeze(1) * turns + traj.turn.clamp(min=0)  # [N, L] flat (episode, turn)
@@ -46,7 +46,7 @@ def turn_values(values: torch.Tensor, traj: Trajectory, episodes: int, turns: in
     found = first < N * L
     out = torch.zeros(episodes * turns, dtype=values.dtype, device=values.device)
     out[found] = values.flatten()[first[found]]
-    return out.view(episodes, turns)
+    return (out.view(episodes, turns), found.view(episodes, turns)) if with_found else out.view(episodes, turns)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, gamma: float,
@@ -70,7 +70,10 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, gamma:
     return adv, (adv + values) * v
 
 
-def value_loss(values: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """0.5 * mean over the valid turns of (V - target)^2. values, targets: [E, T]; valid: [E, T] -> scalar."""
+def value_loss(values: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor,
+               turns: float | None = None) -> torch.Tensor:
+    """0.5 * mean over the valid turns of (V - target)^2. values, targets: [E, T]; valid: [E, T] -> scalar.
+    For a micro-batch, `valid` marks the turns it holds and `turns` counts the whole batch's valid turns: the
+    value is then this micro-batch's share of the whole batch's loss."""
     v = valid.to(values.dtype)
-    return 0.5 * (((values - targets) ** 2) * v).sum() / v.sum().clamp(min=1)
+    return 0.5 * (((values - targets) ** 2) * v).sum() / (v.sum().clamp(min=1) if turns is None else max(turns, 1.0))

@@ -189,8 +189,9 @@ def pack(processor: StudentProcessor, seqs: Sequence[tuple[list[int], list[int],
     for i, (ids, lm, tn, _) in enumerate(seqs):
         mask[i, :len(ids)] = torch.tensor(lm)
         turn[i, :len(ids)] = torch.tensor(tn)
-    inputs = processor.assemble([ids for ids, *_ in seqs], [ims for *_, ims in seqs], padding_side="right")
-    return Trajectory(inputs, mask[:, 1:], turn[:, 1:])
+    images = [list(ims) for *_, ims in seqs]
+    inputs = processor.assemble([ids for ids, *_ in seqs], images, padding_side="right")
+    return Trajectory(inputs, mask[:, 1:], turn[:, 1:], images=images)
 
 
 def pack_episodes(processor: StudentProcessor, eps: Sequence[Episode]) -> Trajectory:

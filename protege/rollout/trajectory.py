@@ -10,8 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from protege.generation.transformers_backend import Completions
+
+# float32 logits of one chunk of scored positions (the softmax and its product need about as much again each):
+# a 152k vocabulary gives chunks of about 440 positions, so no [N, L, V] tensor ever exists for a whole batch
+LOGIT_CHUNK_BYTES = 256 << 20
 
 
 @dataclass
@@ -23,30 +28,127 @@ class Trajectory:
     start: int = 0                        # targets are input_ids[:, start + 1:], so L = T - 1 - start
     owner: torch.Tensor | None = None     # [N] the episode each row belongs to
     is_teacher: torch.Tensor | None = None  # [N] bool: rows a teacher wrote (RIL's group)
+    images: list | None = None            # N lists: each row's images, in order (None: text only)
 
     @property
     def n(self) -> int:
         return self.loss_mask.shape[0]
 
+    @property
+    def width(self) -> int:
+        """Tokens each row costs a forward (rows are padded to one width)."""
+        return self.inputs["input_ids"].shape[1]
+
     def to(self, device: torch.device) -> "Trajectory":
         move = (lambda t: None if t is None else t.to(device))
         return Trajectory({k: v.to(device) for k, v in self.inputs.items()}, self.loss_mask.to(device),
-                          self.turn.to(device), self.start, move(self.owner), move(self.is_teacher))
+                          self.turn.to(device), self.start, move(self.owner), move(self.is_teacher), self.images)
+
+    def select(self, rows: list[int] | range, processor) -> "Trajectory":
+        """The given rows (a micro-batch), vision inputs included; owners keep their whole-batch numbering."""
+        rows = list(rows)
+        images = self.images if self.images is not None else [[] for _ in range(self.n)]
+        index = torch.tensor(rows, dtype=torch.long)
+        pick = (lambda t: None if t is None else t[index.to(t.device)])
+        return Trajectory(processor.select_rows(self.inputs, images, rows), pick(self.loss_mask), pick(self.turn),
+                          self.start, pick(self.owner), pick(self.is_teacher), [images[r] for r in rows])
 
 
 def from_completions(c: Completions, prompt_inputs: dict[str, torch.Tensor], processor,
-                     is_teacher: torch.Tensor | None = None) -> Trajectory:
+                     is_teacher: torch.Tensor | None = None, images: list | None = None) -> Trajectory:
     """Answers to prompts as one-turn episodes. `prompt_inputs`: the model inputs of the N prompts (row i is
-    completion i's prompt, left-padded to P), whose vision and per-token inputs carry over to the whole row."""
+    completion i's prompt, left-padded to P), whose vision and per-token inputs carry over to the whole row;
+    `images`: row i's images (needed to split a batch with images into micro-batches)."""
     mask = c.completion_mask  # [N, L]
     return Trajectory(processor.extend_inputs(prompt_inputs, c.sequences, mask), mask,
                       torch.where(mask.bool(), 0, -1), start=c.prompt_len - 1,
-                      owner=torch.arange(mask.shape[0], device=mask.device), is_teacher=is_teacher)
+                      owner=torch.arange(mask.shape[0], device=mask.device), is_teacher=is_teacher,
+                      images=None if images is None else processor.image_lists(images))
+
+
+def answer_trajectory(batch: dict[str, torch.Tensor], images: list) -> Trajectory:
+    """Question + answer rows (processor.encode_pairs) as one-turn episodes whose targets are the answer tokens
+    that some earlier position predicts. `images`: each row's images."""
+    mask = batch["answer_mask"][:, 1:]  # [N, T-1]
+    inputs = {k: v for k, v in batch.items() if k != "answer_mask"}
+    return Trajectory(inputs, mask, torch.where(mask.bool(), 0, -1), start=0,
+                      owner=torch.arange(mask.shape[0]), images=images)
+
+
+@dataclass
+class Scored:
+    """One forward's view of a trajectory's scored positions (0 where the loss mask is 0)."""
+    logp: torch.Tensor                   # [N, L] float32 log pi of each target token
+    entropy: torch.Tensor | None = None  # [N, L] float32 entropy of pi there
+    hidden: torch.Tensor | None = None   # [N, L, H] final hidden state each target is predicted from
+
+
+def _head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden: [K, H] at K scored positions, targets: [K] -> (log pi of the target [K], entropy [K]; zeros when
+    not asked for), through the LM head in float32."""
+    logp_all = torch.log_softmax(head(hidden).float(), dim=-1)  # [K, V]
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
+    return logp, entropy
+
+
+def _forward_hidden(model, traj: Trajectory):
+    """The last hidden state at every position [N, T, H], and the LM head it turns into logits through; the
+    model's own logits only for the last position (logits_to_keep=1). (None, None) when the head alone does
+    not reproduce the model's logits (a family that scales or caps them after the head)."""
+    head = model.get_output_embeddings()
+    try:
+        out = model(**traj.inputs, use_cache=False, output_hidden_states=True, logits_to_keep=1)
+    except TypeError:  # a forward without logits_to_keep
+        return None, None
+    last = out.hidden_states[-1]  # [N, T, H], after the final norm
+    if head is None or out.logits.shape[1] != 1:
+        return None, None
+    with torch.no_grad():  # checked on every forward: it costs one position per row
+        mine = head(last[:, -1:]).float()
+        theirs = out.logits[:, -1:].float()
+        scale = float(theirs.nan_to_num(0.0, 0.0, 0.0).abs().max().clamp(min=1))
+        if not torch.allclose(mine, theirs, rtol=1e-3, atol=1e-3 * scale, equal_nan=True):
+            return None, None
+    return last, head
+
+
+def score(model, traj: Trajectory, *, with_entropy: bool = False, with_hidden: bool = False) -> Scored:
+    """log pi(x_{t+1} | x_<=t) at the scored positions (the loss mask), and the entropy there: the LM head runs
+    on chunks of those positions only (LOGIT_CHUNK_BYTES of float32 logits each), recomputed in the backward
+    pass rather than kept, so a forward's memory is its activations, never [N, L, V]."""
+    keep = traj.loss_mask.bool()  # [N, L]
+    targets_all = traj.inputs["input_ids"][:, traj.start + 1:]  # [N, L]
+    last, head = _forward_hidden(model, traj)
+    if last is None:  # the model's own logits, whole (a family whose head alone does not give them)
+        out = model(**traj.inputs, use_cache=False, output_hidden_states=with_hidden)
+        logp, entropy = logprobs_from_logits(out.logits, traj, with_entropy=True)
+        hidden = out.hidden_states[-1][:, traj.start:-1] if with_hidden else None
+        return Scored(logp * keep, entropy * keep if with_entropy else None, hidden)
+    hidden = last[:, traj.start:-1]  # [N, L, H]
+    h, targets = hidden[keep], targets_all[keep]  # [K, H], [K]
+    vocab = head.weight.shape[0] if getattr(head, "weight", None) is not None else head.out_features
+    chunk = max(1, LOGIT_CHUNK_BYTES // (4 * vocab))
+    pieces = []
+    for c in range(0, h.shape[0], chunk):
+        args = (head, h[c:c + chunk], targets[c:c + chunk], with_entropy)
+        pieces.append(checkpoint(_head_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
+                      else _head_logprobs(*args))
+    N, L = keep.shape
+    logp = torch.zeros(N, L, dtype=torch.float32, device=h.device)
+    entropy = torch.zeros(N, L, dtype=torch.float32, device=h.device) if with_entropy else None
+    if pieces:
+        logp = logp.index_put((keep,), torch.cat([p[0] for p in pieces]))
+        if with_entropy:
+            entropy = entropy.index_put((keep,), torch.cat([p[1] for p in pieces]))
+    return Scored(logp, entropy, hidden if with_hidden else None)
 
 
 def token_logprobs(model, traj: Trajectory, with_entropy: bool = False):
-    """log pi(x_{t+1} | x_<=t) at every scored position: [N, L] (and the entropy there, [N, L])."""
-    return logprobs_from_logits(model(**traj.inputs, use_cache=False).logits, traj, with_entropy)
+    """log pi(x_{t+1} | x_<=t) at the scored positions: [N, L] (and the entropy there, [N, L]); 0 elsewhere."""
+    s = score(model, traj, with_entropy=with_entropy)
+    return (s.logp, s.entropy) if with_entropy else s.logp
 
 
 def logprobs_from_logits(logits: torch.Tensor, traj: Trajectory, with_entropy: bool = False):
@@ -59,11 +161,12 @@ def logprobs_from_logits(logits: torch.Tensor, traj: Trajectory, with_entropy: b
     return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
-def thought_sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def thought_sft_loss(logp: torch.Tensor, mask: torch.Tensor, tokens: float | None = None) -> torch.Tensor:
     """Cross-entropy on the masked tokens, mean over them: the agent warm start on the solver's turns, and
     GTR-Turbo's SFT guidance on the merged teacher's thought tokens.
 
     logp: [N, L] the policy's log-probs of the teacher's tokens; mask: [N, L] 1 on thought tokens (the
-    action's tokens and everything else 0) -> scalar.
+    action's tokens and everything else 0) -> scalar. For a micro-batch, `tokens` is the whole batch's count
+    of masked tokens: the value is then this micro-batch's share of the whole batch's mean.
     """
-    return -(logp * mask).sum() / mask.sum().clamp(min=1)
+    return -(logp * mask).sum() / (mask.sum().clamp(min=1) if tokens is None else max(float(tokens), 1.0))

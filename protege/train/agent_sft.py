@@ -17,6 +17,7 @@ from protege.models.processor import StudentProcessor
 from protege.rollout.episodes import Episode, add_observation, add_policy_turn, pack, start_episode
 from protege.rollout.games import Game, expert_episodes
 from protege.rollout.trajectory import thought_sft_loss, token_logprobs
+from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.distributed import one_process
 from protege.runtime.placement import resolve_device
 from protege.runtime.run import Run, due, next_rows
@@ -69,6 +70,7 @@ def train_agent_sft(model, processor: StudentProcessor, cfg: Game, image_size: i
     model.to(device).train()
     updater = make_updater("torch", model, [p for p in model.parameters() if p.requires_grad], sft.lr, 2, device,
                            key="agent.sft")
+    tokens = budget_tokens(sft.micro_batch_tokens, model, device)
     parts = {"model": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
     run = Run(state_dir, parts, rng, sft_fingerprint(cfg, image_size, seed, inputs_digest), sft.steps)
     rows = [row for e in episodes for row in e.rows()]  # a turn each under context "current", else an episode
@@ -78,9 +80,15 @@ def train_agent_sft(model, processor: StudentProcessor, cfg: Game, image_size: i
     t0 = time.perf_counter()
     for step in range(start, sft.steps + 1):
         idx, order = next_rows(order, len(rows), sft.batch_size, rng)
-        batch = pack(processor, [rows[i] for i in idx]).to(device)
-        loss = thought_sft_loss(token_logprobs(model, batch), batch.loss_mask.float())  # CE on the solver's turns
-        updater.update(loss)
+        batch = pack(processor, [rows[i] for i in idx])
+        n_tok = float(batch.loss_mask.sum())
+        loss = torch.zeros((), device=device)
+        for span in micro_batches(batch.n, batch.width, tokens):  # CE on the solver's turns, a token mean
+            part = (batch if len(span) == batch.n else batch.select(span, processor)).to(device)
+            share = thought_sft_loss(token_logprobs(model, part), part.loss_mask.float(), tokens=n_tok)
+            updater.backward(share)
+            loss += share.detach()
+        updater.step()
         last = {"loss": float(loss.detach()), "seconds": time.perf_counter() - t0}
         if on_log and due(step, sft.log_every, sft.steps):
             on_log(step, last)

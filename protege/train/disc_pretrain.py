@@ -2,7 +2,7 @@
 
 It runs on the shared training runtime as sft does: device, torch or DeepSpeed updates, a training state
 every disc_pretrain.save_every steps for exact resume, and several processes (each a slice of every batch,
-the loss a mean over the whole batch) under torchrun with backend deepspeed.
+the loss a mean over the whole batch; micro-batches of disc_pretrain.micro_batch_tokens) under torchrun with backend deepspeed.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from protege.config import DiscPretrainConfig, result_params
 from protege.errors import UserFacingError
 from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
-from protege.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
+from protege.runtime.distributed import all_reduce_sum, barrier, world
+from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.placement import resolve_device, to_device
 from protege.runtime.run import Run, due
 from protege.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
@@ -94,6 +95,7 @@ def pretrain_discriminator(disc: Discriminator, processor: StudentProcessor, exa
     updater = make_updater(cfg.backend, disc, disc.trainable_parameters(), cfg.lr, cfg.zero_stage, device,
                            key="disc_pretrain.backend", weight_decay=0.01, clip=0.0)
     disc.train()
+    tokens = budget_tokens(cfg.micro_batch_tokens, disc, device)
     parts = {"discriminator": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
     run = Run(state_dir, parts, rng, fingerprint(result_params(cfg), seed, inputs_digest), cfg.steps, rank=rank,
               world_size=world_size, barrier=barrier)
@@ -103,14 +105,23 @@ def pretrain_discriminator(disc: Discriminator, processor: StudentProcessor, exa
     for step in range(start, cfg.steps + 1):
         batch_ex = rng.sample(train, batch_size)  # every rank draws the same batch ...
         mine = batch_ex[rank::world_size]         # ... and trains on its slice
-        logits = disc(**to_device(_batch(processor, mine), device))
+        whole = _batch(processor, mine)
         target = torch.tensor([e.label for e in mine], device=device)
-        loss = global_mean_share(F.binary_cross_entropy_with_logits(logits, target), len(mine), batch_size,
-                                 world_size)
+        # each micro-batch's summed BCE as its share of the global batch's mean (distributed.global_mean_share)
+        loss, logit_parts = torch.zeros((), device=device), []
+        for span in micro_batches(len(mine), whole["input_ids"].shape[1], tokens):
+            part = whole if len(span) == len(mine) else processor.select_rows(whole, [e.image for e in mine], list(span))
+            logits = disc(**to_device(part, device))
+            share = F.binary_cross_entropy_with_logits(logits, target[span.start:span.stop], reduction="sum") * (
+                world_size / batch_size)
+            updater.backward(share)
+            loss += share.detach()
+            logit_parts.append(logits.detach())
+        logits = torch.cat(logit_parts)
         step_loss = float(all_reduce_sum(loss) / world_size)
         if not math.isfinite(step_loss):
             raise FloatingPointError(f"discriminator loss is {step_loss} at step {step}; lower disc_pretrain.lr")
-        updater.update(loss)
+        updater.step()
         if due(step, log_every, cfg.steps):  # every rank: the sum is collective
             right = all_reduce_sum(((logits.detach() >= 0) == (target == 1)).float().sum())
             if on_log:

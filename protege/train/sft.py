@@ -20,8 +20,10 @@ from protege.config import SFTConfig, result_params
 from protege.data.rows import Row
 from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
-from protege.runtime.distributed import all_reduce_sum, barrier, global_mean_share, world
-from protege.runtime.placement import resolve_device, to_device
+from protege.rollout.trajectory import Trajectory, answer_trajectory, score
+from protege.runtime.distributed import all_reduce_sum, barrier, world
+from protege.runtime.micro import budget_tokens, micro_batches
+from protege.runtime.placement import resolve_device
 from protege.runtime.run import Run, due, next_rows
 from protege.runtime.schedule import lr_factor
 from protege.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
@@ -30,11 +32,15 @@ from protege.runtime.updaters import make_updater
 # settings that change when things are logged or saved, never the weights: a state survives changing them
 
 
-def answer_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean token cross-entropy over answer tokens (prompt and padding masked)."""
-    inputs = {k: v for k, v in batch.items() if k != "answer_mask"}
-    labels = batch["input_ids"].masked_fill(batch["answer_mask"] == 0, -100)
-    return model(**inputs, labels=labels).loss
+def answer_nll(model, traj: Trajectory) -> torch.Tensor:
+    """Summed token cross-entropy over the answer tokens of `traj` (answer_trajectory). -> scalar."""
+    return -(score(model, traj).logp * traj.loss_mask).sum()
+
+
+def answer_loss(model, batch: dict[str, torch.Tensor], images: list | None = None) -> torch.Tensor:
+    """Mean token cross-entropy over answer tokens (prompt and padding masked), in one forward."""
+    traj = answer_trajectory(batch, images)
+    return answer_nll(model, traj) / max(answer_tokens(batch), 1)
 
 
 def answer_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -60,6 +66,7 @@ def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfi
     updater = make_updater(cfg.backend, model, [p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.zero_stage, device,
                            key="sft.backend", weight_decay=cfg.weight_decay, lr_lambda=lambda i: lr_factor(i, cfg))
     model.train()
+    tokens = budget_tokens(cfg.micro_batch_tokens, model, device)
     parts = {"model": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
     run = Run(state_dir, parts, rng, fingerprint(result_params(cfg), seed, inputs_digest), cfg.steps, rank=rank,
               world_size=world_size, barrier=barrier)
@@ -70,15 +77,21 @@ def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfi
     for step in range(start, cfg.steps + 1):
         idx, order = next_rows(order, len(rows), cfg.batch_size, rng)
         mine = idx[rank::world_size]  # every rank drew the same global batch
-        batch = to_device(processor.encode_pairs([rows[i].question for i in mine], [rows[i].image for i in mine],
-                                                 [rows[i].sft_target for i in mine]), device)
+        images = processor.image_lists([rows[i].image for i in mine])
+        batch = processor.encode_pairs([rows[i].question for i in mine], images, [rows[i].sft_target for i in mine])
         local = answer_tokens(batch)
         total = int(all_reduce_sum(torch.tensor(local, device=device))) if world_size > 1 else local
-        loss = global_mean_share(answer_loss(model, batch), local, total, world_size)
+        traj = answer_trajectory(batch, images)
+        # each micro-batch's summed loss as its share of the global batch's token mean (global_mean_share)
+        loss = torch.zeros((), device=device)
+        for span in micro_batches(traj.n, traj.width, tokens):
+            part = (traj if len(span) == traj.n else traj.select(span, processor)).to(device)
+            share = answer_nll(model, part) * (world_size / total)
+            updater.backward(share)
+            loss += share.detach()
         step_loss = float(all_reduce_sum(loss) / world_size)  # the global batch's mean: the same on every rank
         if not math.isfinite(step_loss):
             raise FloatingPointError(f"SFT loss is {step_loss} at step {step}; lower sft.lr")
-        updater.backward(loss)
         grad_norm = updater.step()
         running.append(step_loss)
         if due(step, cfg.log_every, cfg.steps):

@@ -4,7 +4,8 @@ calls every term at the same four points of a step, in the order they are listed
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,10 +21,12 @@ class Step:
     policy: torch.nn.Module
     episodes: list[Episode]
     batch: Trajectory            # the episodes packed for training (N rows)
-    logp: torch.Tensor           # [N, T-1] the policy's log-probs of the batch (with grad)
+    logp: torch.Tensor           # [N, T-1] pi_old's log-probs of the batch (detached)
     mask: torch.Tensor           # [N, T-1] 1.0 on the policy's own tokens
     device: torch.device
     metrics: dict[str, float]    # the step's logged metrics; a term adds its own
+    parts: list[Trajectory] = field(default_factory=list)  # `batch` as micro-batches on the device, in row order
+    tokens: int | None = None    # micro_batch_tokens: the budget of any forward a term runs
 
 
 class Guidance:
@@ -36,9 +39,10 @@ class Guidance:
         """The rewards, before the advantage estimator sees them."""
         return returns
 
-    def loss(self, step: Step) -> torch.Tensor | None:
-        """A term added to the policy loss (None: nothing this step)."""
-        return None
+    def loss(self, step: Step) -> Iterable[torch.Tensor]:
+        """Terms added to the policy loss, as micro-batch shares that sum to the term (each is backpropagated
+        as it comes, so a term's forward holds one micro-batch at a time); none: nothing this step."""
+        return ()
 
     def after_update(self, policy: torch.nn.Module, metrics: dict[str, float]) -> None:
         """After the optimizer step."""

@@ -13,6 +13,7 @@ from protege.models.processor import StudentProcessor
 from protege.rewards.similarity import similarity_reward
 from protege.rl.estimators.base import Returns
 from protege.rl.guidance.base import Guidance
+from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.placement import CPU, to_device, visiting
 from protege.runtime.state import OptimizerState, Weights
 from protege.runtime.updaters import make_updater
@@ -29,13 +30,20 @@ class QuestionStep:
 
 
 def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], per_question: int,
-                device: torch.device):
+                device: torch.device, tokens: int) -> list[dict]:
+    """The discriminator's inputs for every (question, answer), as micro-batches of at most `tokens` tokens."""
     qs = [r.question for r in rows for _ in range(per_question)]
     ims = [r.image for r in rows for _ in range(per_question)]
-    batch = to_device(processor.encode_pairs(qs, ims, texts), device)
-    for key in ("mm_token_type_ids", "pixel_values", "image_grid_thw"):  # absent for text-only questions
-        batch.setdefault(key, None)
-    return batch
+    whole = processor.encode_pairs(qs, ims, texts)
+    spans = micro_batches(len(texts), whole["input_ids"].shape[1], tokens)
+    parts = [whole if len(span) == len(texts) else processor.select_rows(whole, ims, list(span)) for span in spans]
+    out = []
+    for part in parts:
+        part = to_device(part, device)
+        for key in ("mm_token_type_ids", "pixel_values", "image_grid_thw"):  # absent for text-only questions
+            part.setdefault(key, None)
+        out.append(part)
+    return out
 
 
 class DiscriminatorSimilarity(Guidance):
@@ -56,15 +64,23 @@ class DiscriminatorSimilarity(Guidance):
     def shape(self, step: QuestionStep, returns: Returns) -> Returns:
         cfg, disc, G, B = self.cfg, self.disc, len(step.student_texts) // len(step.rows), len(step.rows)
         texts = [t for b in range(B) for t in step.student_texts[b * G:(b + 1) * G] + step.teacher_texts[b]]
-        batch = _disc_batch(self.processor, step.rows, texts, 2 * G, self.device)
         labels = torch.tensor(([1.0] * G + [0.0] * G) * B, device=self.device)
         with visiting(self.host, self.device, self.offload):
+            parts = _disc_batch(self.processor, step.rows, texts, 2 * G, self.device,
+                                budget_tokens(cfg.micro_batch_tokens, disc, self.device))
+            spans, first = [], 0
+            for part in parts:
+                spans.append(slice(first, first + part["input_ids"].shape[0]))
+                first = spans[-1].stop
             if self.updater is not None:
-                for _ in range(cfg.disc_updates):
-                    self.updater.update(F.binary_cross_entropy_with_logits(disc(**batch), labels))
+                for _ in range(cfg.disc_updates):  # BCE's mean over the 2G * B answers, as micro-batch shares
+                    for part, span in zip(parts, spans):
+                        self.updater.backward(F.binary_cross_entropy_with_logits(disc(**part), labels[span],
+                                                                                 reduction="sum") / len(texts))
+                    self.updater.step()
             with torch.no_grad():
                 disc.eval()
-                scores = torch.sigmoid(disc(**batch)).cpu()  # [B * 2G]; rewards are assembled on the CPU
+                scores = torch.cat([torch.sigmoid(disc(**part)).cpu() for part in parts])  # [B * 2G], on the CPU
                 disc.train()
         labels = labels.cpu()
         in_group = scores if cfg.teacher_in_group else scores.view(B, 2 * G)[:, :G].reshape(-1)

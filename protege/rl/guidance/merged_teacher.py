@@ -6,6 +6,7 @@ the merge after every step, and the last teacher is saved beside the checkpoints
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from protege.rl.guidance.base import Guidance, Step
 from protege.rl.losses import merged_kl_penalty
 from protege.rl.merged_teacher import MergedTeacher, trainable_weights
 from protege.rollout.trajectory import Trajectory, thought_sft_loss, token_logprobs
+from protege.runtime.micro import micro_batches
 from protege.runtime.placement import CPU, visiting
 from protege.world.envs import action_start
 
@@ -103,8 +105,9 @@ class MergedTeacherGuidance(Guidance):
         # the penalty is measured (and logged) under `sft` too; only `kl` takes it off the rewards: each turn
         # pays for its own thought tokens, before the returns and advantages are computed
         with torch.no_grad(), visiting(self.teacher, step.device, self.offload):
-            logp_m = token_logprobs(self.teacher, step.batch)
-        logp, mask, batch = step.logp.detach(), step.mask, step.batch
+            logp_m = torch.cat([token_logprobs(self.teacher, part).cpu() for part in step.parts or [step.batch]])
+        # on the CPU: [N, L] per-token figures, whatever the device
+        logp, mask, batch = step.logp.detach().cpu(), step.mask.cpu(), step.batch.to(torch.device("cpu"))
         E, T = returns.turn.shape
         penalty = merged_kl_penalty(logp, logp_m, thought_mask(batch, self.processor), batch.turn, batch.owner,
                                     E, T, self.gtr.kl_clamp).cpu() * returns.valid  # [E, T]
@@ -116,17 +119,22 @@ class MergedTeacherGuidance(Guidance):
         return replace(returns, turn=returns.turn - cost,
                        total=None if returns.total is None else returns.total - cost.sum(1))
 
-    def loss(self, step: Step) -> torch.Tensor | None:
+    def loss(self, step: Step) -> Iterator[torch.Tensor]:
         if self.gtr.guidance != "sft":
-            return None
+            return
         with visiting(self.teacher, step.device, self.offload):
             thoughts = merged_thoughts(self.teacher, self.processor, step.episodes, self.gtr.sft_contexts,
                                        self.sampling, self.rng, step.device)
         if thoughts is None:
-            return None
-        sft = thought_sft_loss(token_logprobs(step.policy, thoughts.batch), thoughts.batch.loss_mask.float())
-        step.metrics.update(sft_loss=float(sft.detach()), teacher_parse_rate=thoughts.parsed / thoughts.contexts)
-        return self.gtr.sft_coef * sft
+            return
+        batch, sft = thoughts.batch, 0.0
+        n_tok = float(batch.loss_mask.sum())
+        for span in micro_batches(batch.n, batch.width, step.tokens or batch.n * batch.width):
+            part = batch if len(span) == batch.n else batch.select(span, self.processor)
+            share = thought_sft_loss(token_logprobs(step.policy, part), part.loss_mask.float(), tokens=n_tok)
+            sft += float(share.detach())
+            yield self.gtr.sft_coef * share
+        step.metrics.update(sft_loss=sft, teacher_parse_rate=thoughts.parsed / thoughts.contexts)
 
     def after_update(self, policy: torch.nn.Module, metrics: dict[str, float]) -> None:
         self.merged.add(trainable_weights(policy))

@@ -1,0 +1,63 @@
+"""Micro-batches: how many rows one forward of a training or scoring pass holds.
+
+A step's batch (an RL group of 256 answers, a PPO batch of episodes, an SFT batch) is split into contiguous
+runs of rows whose padded tokens fit a budget; each run is one forward (and backward), the gradients add up,
+and the optimizer steps once. Every loss is written as each micro-batch's share of the whole batch's loss,
+so the sum over micro-batches is the whole-batch loss and its gradient, whatever the split.
+
+The budget is `micro_batch_tokens` where a section sets it; left unset it is derived from the model's shape
+(per-token activation memory from its hidden size and layers) and the memory there is for activations: a
+fixed share of the accelerator, or ACTIVATION_BYTES_CPU on the CPU. The LM head's logits never count against
+it: log-probs come from chunks of scored positions (rollout.trajectory.score).
+"""
+from __future__ import annotations
+
+import torch
+
+# what the derived budget lets one forward's activations take
+ACTIVATION_BYTES_CPU = 2 << 30
+ACTIVATION_SHARE_GPU = 0.25  # of the device's memory: weights, gradients, optimizer state and KV cache share the rest
+# activation bytes per token per layer, per byte of the dtype: attention + MLP inputs, softmax outputs and
+# norms kept for the backward pass, about 17 * hidden values in a transformer layer without recompute
+ACTIVATION_VALUES_PER_HIDDEN = 17
+
+
+def text_shape(config) -> tuple[int, int, int]:
+    """(hidden size, layers, vocabulary) of a model config (the text model's, for a VLM)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = getattr(text, "hidden_size", None) or getattr(text, "d_model", None) or getattr(text, "n_embd", 0)
+    layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", 0)
+    vocab = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", 0)
+    return int(hidden), int(layers), int(vocab)
+
+
+def activation_bytes_per_token(config, dtype_bytes: int = 4, recompute: bool = False) -> int:
+    """Memory one token's activations hold until the backward pass (with `recompute`: each layer's input
+    only, plus one layer's worth during its recompute)."""
+    hidden, layers, _ = text_shape(config)
+    per_layer = ACTIVATION_VALUES_PER_HIDDEN * hidden * dtype_bytes
+    if recompute:
+        return layers * hidden * dtype_bytes + per_layer
+    return layers * per_layer
+
+
+def activation_budget(device: torch.device | None) -> int:
+    if device is not None and device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory * ACTIVATION_SHARE_GPU)
+    return ACTIVATION_BYTES_CPU
+
+
+def budget_tokens(setting: int | None, model: torch.nn.Module, device: torch.device | None = None) -> int:
+    """Tokens per micro-batch: the setting, or the derived budget for this model on this device."""
+    if setting is not None:
+        return setting
+    dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    recompute = bool(getattr(model, "is_gradient_checkpointing", False))
+    per_token = activation_bytes_per_token(model.config, torch.finfo(dtype).bits // 8, recompute)
+    return max(1, activation_budget(device) // max(per_token, 1))
+
+
+def micro_batches(rows: int, width: int, tokens: int) -> list[range]:
+    """Contiguous row ranges covering `rows` rows of `width` tokens, each within `tokens` (one row at least)."""
+    per = max(1, tokens // max(width, 1))
+    return [range(i, min(i + per, rows)) for i in range(0, rows, per)]

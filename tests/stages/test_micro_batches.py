@@ -1,0 +1,193 @@
+"""Micro-batches change memory, not the update: log-probs from chunks of scored positions equal the model's own
+logits' log-softmax, and for every loop the gradients of a step split into micro-batches equal the whole
+batch's (float tolerance): grpo, dr_grpo and ril in the question loop, ppo, gtpo and grpo in the multi-turn
+loop, SFT and discriminator pretraining."""
+import copy
+
+import pytest
+import torch
+
+import protege.rollout.trajectory as trajectory
+from protege.config import AgentConfig, DiscPretrainConfig, RLConfig, SFTConfig
+from protege.data.rows import load_rows
+from protege.models.discriminator import Discriminator
+from protege.rl.agent_loop import run_agent_rl
+from protege.rl.loop import RLInputs, run_rl
+from protege.rollout.trajectory import answer_trajectory, logprobs_from_logits, score
+from protege.runtime.micro import budget_tokens, micro_batches
+from protege.runtime.updaters import TorchUpdater
+
+ONE_ROW = 1  # a budget below any row's width: one row per micro-batch
+
+
+@pytest.fixture
+def step_grads(monkeypatch):
+    """The gradients each optimizer step applies, in order (every updater of the run)."""
+    seen = []
+    original = TorchUpdater.step
+
+    def step(self):
+        seen.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params])
+        return original(self)
+
+    monkeypatch.setattr(TorchUpdater, "step", step)
+    return seen
+
+
+def assert_same_grads(whole, micro, steps=None):
+    assert len(whole) == len(micro) and whole
+    for a, b in list(zip(whole, micro))[:steps]:
+        assert len(a) == len(b)
+        scale = max(float(g.abs().max()) for g in a)
+        assert scale > 0  # a step that trains something
+        for ga, gb in zip(a, b):
+            torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_budget_splits_rows_and_keeps_at_least_one():
+    assert micro_batches(5, 10, 25) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert micro_batches(5, 10, 1000) == [range(0, 5)]
+    assert micro_batches(3, 10, 1) == [range(0, 1), range(1, 2), range(2, 3)]
+
+
+def test_derived_budget_keeps_the_demo_whole_and_shrinks_with_the_model(tiny_student):
+    tiny = budget_tokens(None, tiny_student)
+    assert tiny > 64 * 256  # the demo's RL group (64 rows of ~130 tokens) is one micro-batch
+    assert budget_tokens(512, tiny_student) == 512
+    from transformers import Qwen2Config
+    big = Qwen2Config(hidden_size=3584, num_hidden_layers=28, vocab_size=152064)
+
+    class Seven(torch.nn.Module):
+        config = big
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1, dtype=torch.bfloat16))
+
+    assert budget_tokens(None, Seven()) < tiny / 100
+
+
+def test_chunked_scores_equal_the_full_log_softmax(tiny_student, tiny_processor, tiny_world, monkeypatch):
+    rows = load_rows(tiny_world / "train.parquet")[:5]
+    images = tiny_processor.image_lists([r.image for r in rows])
+    batch = tiny_processor.encode_pairs([r.question for r in rows], images, [r.sft_target for r in rows])
+    traj = answer_trajectory(batch, images)
+    vocab = tiny_student.get_output_embeddings().weight.shape[0]
+    monkeypatch.setattr(trajectory, "LOGIT_CHUNK_BYTES", 4 * vocab * 3)  # three positions per chunk
+    mine = score(tiny_student, traj, with_entropy=True)
+    logits = tiny_student(**traj.inputs, use_cache=False).logits
+    want_logp, want_ent = logprobs_from_logits(logits, traj, with_entropy=True)
+    keep = traj.loss_mask.bool()
+    torch.testing.assert_close(mine.logp[keep], want_logp[keep], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine.entropy[keep], want_ent[keep], rtol=1e-5, atol=1e-5)
+    assert float(mine.logp[~keep].abs().sum()) == 0.0
+    params = [p for p in tiny_student.parameters() if p.requires_grad]
+    got = torch.autograd.grad((mine.logp * keep).sum() + mine.entropy.sum(), params, allow_unused=True)
+    want = torch.autograd.grad((want_logp * keep).sum() + (want_ent * keep).sum(), params, allow_unused=True)
+    for g, w in zip(got, want):
+        if w is not None:
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5 * float(w.abs().max().clamp(min=1e-3)))
+
+
+def test_a_micro_batch_selects_its_rows_vision_inputs(tiny_processor, tiny_world):
+    rows = load_rows(tiny_world / "train.parquet")[:4]
+    images = tiny_processor.image_lists([r.image for r in rows])
+    batch = tiny_processor.encode_pairs([r.question for r in rows], images, [r.sft_target for r in rows])
+    traj = answer_trajectory(batch, images)
+    part = traj.select(range(2, 4), tiny_processor)
+    alone = tiny_processor.encode_pairs([r.question for r in rows[2:]], images[2:], [r.sft_target for r in rows[2:]])
+    assert torch.equal(part.inputs["pixel_values"], alone["pixel_values"])
+    assert torch.equal(part.loss_mask, traj.loss_mask[2:]) and part.owner.tolist() == [2, 3]
+
+
+def variety(questions, references, responses):
+    """A reward that differs between an untrained policy's samples: distinct characters / 10."""
+    return [len(set(r)) / 10 for r in responses]
+
+
+BASE = dict(steps=1, questions_per_step=3, group_size=2, max_new_tokens=4, save_every=1, lr=1e-3)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "ril"])
+def test_question_loop_gradients_do_not_depend_on_the_split(tiny_student, tiny_processor, tiny_world, tmp_path,
+                                                           step_grads, algorithm):
+    rows = load_rows(tiny_world / "rl.parquet")[:6]
+    answers = {r.id: [("concise", f"{r.answer}."), ("verbose", f"The answer is {r.answer}, as counted.")] * 2
+               for r in rows}
+    torch.manual_seed(1)
+    disc = Discriminator(copy.deepcopy(tiny_student.model))
+    torch.nn.init.normal_(disc.head.weight, std=0.5)  # a discriminator that already tells answers apart
+    runs = []
+    for tokens in (None, ONE_ROW):
+        step_grads.clear()
+        # continuous similarity: a binary threshold at 0.5 could flip on float noise between the two runs
+        cfg = RLConfig(**BASE, algorithm=algorithm, micro_batch_tokens=tokens, similarity="continuous")
+        logs = []
+        run_rl(copy.deepcopy(tiny_student), copy.deepcopy(tiny_student), tiny_processor,
+               RLInputs(rows, answers, copy.deepcopy(disc), judge=variety), cfg, tmp_path / str(tokens), seed=0,
+               on_log=lambda s, m: logs.append(m))
+        runs.append((list(step_grads), logs[-1]))
+    (whole, m_whole), (micro, m_micro) = runs
+    assert m_whole["micro_batches"] == 1 and m_micro["micro_batches"] > 1
+    assert_same_grads(whole, micro)  # ril: the discriminator's step, then the policy's
+    assert len(whole) == (2 if algorithm == "ril" else 1)
+    for key in ("loss", "kl", "entropy"):
+        assert m_micro[key] == pytest.approx(m_whole[key], rel=1e-4, abs=1e-6)
+
+
+def agent_cfg(algorithm, guidance="none", tokens=None):
+    return AgentConfig.model_validate({
+        "grid": {"max_turns": 2},
+        "rl": {"algorithm": algorithm, "steps": 1, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6,
+               "save_every": 1, "lr": 1e-3, "kl_beta": 0.04, "micro_batch_tokens": tokens,
+               "gtr": {"guidance": guidance, "merge": "average"}},
+        "eval_episodes": 2})
+
+
+@pytest.mark.parametrize("algorithm,guidance", [("ppo", "kl"), ("gtpo", "none"), ("grpo", "sft")])
+def test_multi_turn_loop_gradients_do_not_depend_on_the_split(tiny_student, tiny_processor, tmp_path, step_grads,
+                                                              algorithm, guidance):
+    from tests.stages.test_agent_rl import VarietyEnv
+
+    runs = []
+    for tokens in (None, ONE_ROW):
+        step_grads.clear()
+        logs = []
+        run_agent_rl(copy.deepcopy(tiny_student), tiny_processor, agent_cfg(algorithm, guidance, tokens), 64,
+                     tmp_path / str(tokens), seed=0, on_log=lambda s, m: logs.append(m), new_env=VarietyEnv)
+        runs.append((list(step_grads), logs[-1]))
+    (whole, m_whole), (micro, m_micro) = runs
+    assert m_whole["micro_batches"] == 1 and m_micro["micro_batches"] > 1  # one row (episode or turn) each
+    # PPO's later epochs start from weights that already differ by float noise: its first step is the check
+    assert_same_grads(whole, micro, steps=1)
+    for key in ("entropy", "kl_ref", "loss"):
+        if algorithm != "ppo" or key != "loss":  # ppo's logged loss is its last epoch's
+            assert m_micro[key] == pytest.approx(m_whole[key], rel=1e-4, abs=1e-6)
+
+
+def test_sft_and_discriminator_gradients_do_not_depend_on_the_split(tiny_student, tiny_processor, tiny_world,
+                                                                   step_grads):
+    from protege.train.disc_pretrain import Example, pretrain_discriminator
+    from protege.train.sft import train_sft
+
+    rows = load_rows(tiny_world / "train.parquet")
+    grads = []
+    for tokens in (None, ONE_ROW):
+        step_grads.clear()
+        train_sft(copy.deepcopy(tiny_student), tiny_processor, rows,
+                  SFTConfig(steps=1, batch_size=6, micro_batch_tokens=tokens), seed=0)
+        grads.append(list(step_grads))
+    assert_same_grads(*grads)
+
+    examples = [Example(r.id, r.question, r.image, r.answer if i % 2 else f"It is {r.answer}.", float(i % 2))
+                for i, r in enumerate(rows[:16])]
+    torch.manual_seed(1)
+    disc = Discriminator(copy.deepcopy(tiny_student.model))
+    torch.nn.init.normal_(disc.head.weight, std=0.5)
+    grads = []
+    for tokens in (None, ONE_ROW):
+        step_grads.clear()
+        pretrain_discriminator(copy.deepcopy(disc), tiny_processor, examples,
+                               DiscPretrainConfig(steps=1, batch_size=6, micro_batch_tokens=tokens), seed=0)
+        grads.append(list(step_grads))
+    assert_same_grads(*grads)
