@@ -94,6 +94,11 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
     from protege import provenance
 
     try:
+        from protege.plan import check_stage_fits
+
+        note = check_stage_fits(cfg, name, root)  # before any compute: refuses what cannot fit the GPU
+        if note:
+            typer.echo(f"{name}: {note}", err=True)
         provenance.set_current(stage_record(name, cfg, root))
         with tracking.stage_run(name, root) as run:
             run.log_metrics({"process_startup_s": _process_age_s()})  # imports etc. before the run opened
@@ -142,6 +147,44 @@ def _process_age_s() -> float:
         return max(0.0, time.time() - (boot + ticks / os.sysconf("SC_CLK_TCK")))
     except (OSError, ValueError, IndexError, StopIteration):
         return 0.0
+
+
+@app.command()
+def plan(params: Path = typer.Option(Path("params.yaml"), help="params file"),
+         model: Path = typer.Option(None, help="a folder with the model's config.json (default: model.path, or "
+                                               "models/base for the embedded student); weights are not read"),
+         gpu_memory: str = typer.Option(None, "--gpu-memory", help="device memory per rank, e.g. 80GB (default: "
+                                                                  "the detected GPU's, or none on a CPU machine)"),
+         processes: int = typer.Option(1, min=1, help="ranks the stages run on (ZeRO partitions over them)"),
+         prompt_tokens: int = typer.Option(1024, min=1, help="tokens of the longest prompt, image tokens included"),
+         answer_tokens: int = typer.Option(256, min=1, help="tokens of the longest SFT target")) -> None:
+    """Estimate each training stage's memory per rank for the configured model, and whether it fits."""
+    from protege.errors import UserFacingError
+    from protege.plan import Lengths, model_shape, parse_memory, plan_stages, table
+
+    cfg = _config(params)
+    if model is not None:  # planned as your own model (the discriminator's `auto` is then LoRA)
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(model)})})
+    try:
+        device = parse_memory(gpu_memory) if gpu_memory else None
+        if device is None:
+            import torch
+
+            if torch.cuda.is_available():
+                device = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        shape = model_shape(cfg, Path.cwd(), model)
+        plans = plan_stages(cfg, shape, processes=processes, device_bytes=device,
+                            lengths=Lengths(prompt_tokens, answer_tokens))
+    except UserFacingError as exc:
+        _fail(str(exc), code=1)
+    typer.echo(f"model: {shape.params / 1e9:.2f}B parameters ({shape.layers} layers, hidden {shape.hidden}, "
+               f"vocabulary {shape.vocab:,}), {cfg.model.dtype}; {processes} process(es); prompts up to "
+               f"{prompt_tokens} tokens")
+    typer.echo(table(plans, device, processes))
+    if device:
+        for p in plans:
+            if p.peak > device:
+                typer.echo(p.refusal(device))
 
 
 @app.command()

@@ -187,7 +187,7 @@ def _micro_batch_field():
     """Tokens (rows x padded width) per forward of a training or scoring pass; a step's batch is split into
     micro-batches of at most this many and their gradients add up. null: derived from the model's shape and the
     device's memory (protege/runtime/micro.py). Memory only: the loss is the same whatever the split."""
-    return Field(None, ge=1, le=1 << 40, **affects(NOTHING))
+    return Field(None, ge=1, le=_INT_CEILING, **affects(NOTHING))
 
 
 class Section(BaseModel):
@@ -434,8 +434,10 @@ class DiscPretrainConfig(Section):
     micro_batch_tokens: int | None = _micro_batch_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"
     save_every: int = Field(50, ge=1, le=10_000_000, **affects(OUTPUTS))
-    # lora: adapters on the backbone (model.lora) + the head; the saved discriminator holds merged weights
-    trainable: Literal["all", "lora"] = "all"
+    # lora: adapters on the backbone (model.lora) + the head; the saved discriminator holds merged weights;
+    # auto: lora on your own model (model.path set: a second full copy of a 7B model with its own AdamW state
+    # would not fit beside the student), all on the embedded tiny student
+    trainable: Literal["auto", "all", "lora"] = "auto"
 
 
 ADVANTAGE = r"^[a-z][a-z0-9_]*$"  # a module of protege/rl/estimators, checked against it when the stage starts
@@ -462,7 +464,8 @@ class RLConfig(SamplingConfig):
     discriminator: Literal["updated", "fixed"] = "updated"
     disc_updates: int = Field(1, ge=0, le=1000)            # mu_d: discriminator updates per step
     disc_lr: float = Field(1e-4, gt=0, le=10)
-    disc_trainable: Literal["all", "lora"] = "all"   # lora: fresh adapters (model.lora) on the loaded discriminator
+    # lora: fresh adapters (model.lora) on the loaded discriminator; auto: lora with model.path set, else all
+    disc_trainable: Literal["auto", "all", "lora"] = "auto"
     teachers: str = Field("both", min_length=1)   # "both" (every teacher) or one teacher's name
     teacher_in_group: bool = True                 # off: teacher answers train D but are not in the group
     judge: Literal["rule", "llm"] = "rule"
@@ -770,6 +773,13 @@ class Config(Section):
             raise ValueError(f"rl.teachers is {self.rl.teachers!r}: expected 'both' or one of teachers.pool "
                              f"{self.teachers.names}")
         return self
+
+
+def discriminator_trainable(setting: str, model: "ModelConfig") -> str:
+    """`all` or `lora` for a discriminator setting that may be `auto` (lora on a user's own model)."""
+    if setting != "auto":
+        return setting
+    return "lora" if model.path is not None else "all"
 
 
 def _type_name(annotation) -> str:

@@ -79,17 +79,19 @@ def answer_trajectory(batch: dict[str, torch.Tensor], images: list) -> Trajector
 class Scored:
     """One forward's view of a trajectory's scored positions (0 where the loss mask is 0)."""
     logp: torch.Tensor                   # [N, L] float32 log pi of each target token
-    entropy: torch.Tensor | None = None  # [N, L] float32 entropy of pi there
+    entropy: torch.Tensor | None = None  # [N, L] float32 entropy of pi there (detached: a metric)
     hidden: torch.Tensor | None = None   # [N, L, H] final hidden state each target is predicted from
 
 
 def _head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden: [K, H] at K scored positions, targets: [K] -> (log pi of the target [K], entropy [K]; zeros when
-    not asked for), through the LM head in float32."""
+    not asked for), through the LM head in float32. The entropy is a metric, computed without a graph: under
+    the backward pass's recompute a graph of it would keep each chunk's [K, V] softmax alive to the end."""
     logp_all = torch.log_softmax(head(hidden).float(), dim=-1)  # [K, V]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
     return logp, entropy
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from protege.config import Config, tracked_params
+from protege.config import Config, discriminator_trainable, tracked_params
 from protege.data.rows import load_rows, read_parquet_table
 from protege.models.discriminator import Discriminator, load_discriminator
 from protege.models.processor import StudentProcessor
@@ -54,7 +54,7 @@ def run(cfg: Config, root: Path, run) -> None:
                              f"({teacher['teacher'].value_counts().to_dict()})")
     disc = load_discriminator(root / SFT_MODEL, from_student=True, trust_remote_code=cfg.model.trust_remote_code,
                               dtype=cfg.model.dtype,
-                              lora=cfg.model.lora if cfg.disc_pretrain.trainable == "lora" else None)
+                              lora=cfg.model.lora if discriminator_trainable(cfg.disc_pretrain.trainable, cfg.model) == "lora" else None)
     processor = StudentProcessor.from_pretrained(root / SFT_MODEL, cfg.model.trust_remote_code)
 
     def save(trained: Discriminator) -> None:

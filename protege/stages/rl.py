@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from protege.config import Config, tracked_params
+from protege.config import Config, discriminator_trainable, tracked_params
 from protege.data.rows import Row, load_rows, read_parquet_table
 from protege.eval.accuracy import evaluate_rows
 from protege.models.discriminator import load_discriminator
@@ -141,7 +141,7 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     rows = load_rows(root / CURATED_RL)
     processor.check_images(rows, str(CURATED_RL))
     disc = (load_discriminator(root / DISCRIMINATOR, trust_remote_code=cfg.model.trust_remote_code,
-                               dtype=cfg.model.dtype, lora=cfg.model.lora if c.disc_trainable == "lora" else None)
+                               dtype=cfg.model.dtype, lora=cfg.model.lora if discriminator_trainable(c.disc_trainable, cfg.model) == "lora" else None)
             if ril else None)
     inputs = RLInputs(rows, teacher_answers(root) if ril else {}, disc, judge, evaluator=curve)
     say(stage, f"{algorithm}: {c.steps} steps x {c.questions_per_step} questions x {c.group_size} samples"

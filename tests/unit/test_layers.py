@@ -18,7 +18,7 @@ LAYERS = {
                         "protege.rewards", "protege.loopback_server"],
     "algorithms": ["protege.rl", "protege.train", "protege.eval"],
     "stages": ["protege.stages", "protege.pipeline", "protege.lineage", "protege.pool", "protege.retrain",
-               "protege.registry_eval", "protege.stage_deps", "protege.dag"],
+               "protege.registry_eval", "protege.stage_deps", "protege.dag", "protege.plan"],
     "study/cli": ["protege.study", "protege.cli", "protege.stage_client", "protege.stage_host", "protege.__main__"],
 }
 ORDER = list(LAYERS)

@@ -1,0 +1,300 @@
+"""The memory plan: what each training stage holds on one rank's device, estimated from the configured model's
+config (parameters counted on the meta device, vocabulary, layers, hidden size, KV heads) and the stage's
+settings (dtype, full / LoRA / a parameter group, torch or DeepSpeed ZeRO, processes, micro-batch budget,
+gradient checkpointing, sequence lengths, generation by transformers or vLLM).
+
+A stage's steps pass through phases that do not overlap (sampling, the reference's pass, the discriminator's
+update, the policy's update); the stage's peak is the largest phase. `protege plan` prints the table; a stage
+on a GPU checks its own plan before any compute and refuses, naming the setting to change, what cannot fit.
+
+The figures are estimates (activations from a per-layer rule, the vision tower's activations left out); the
+GPU check (benchmarks/gpu_check.sh) prints measured peaks beside them.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from protege.config import Config, discriminator_trainable
+from protege.errors import UserFacingError
+from protege.rollout.trajectory import LOGIT_CHUNK_BYTES
+from protege.runtime.micro import ACTIVATION_SHARE_GPU, activation_bytes_per_token, text_shape
+
+GiB = 1 << 30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+ADAM_DEEPSPEED = 12  # bytes per trainable parameter: fp32 master partition + two fp32 moments
+
+PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache", "reference",
+         "discriminator", "vllm")
+
+
+@dataclass
+class ModelShape:
+    params: int                  # every parameter
+    head: int                    # the LM head's (the discriminator replaces it with a d -> 1 head)
+    groups: dict[str, int]       # trainable group -> parameters it trains (all, attention, ..., lora)
+    vocab: int
+    hidden: int
+    layers: int
+    kv_bytes_per_token: int      # one token's keys and values over all layers, per byte of dtype
+    config: object
+
+
+@dataclass
+class StagePlan:
+    stage: str
+    parts: dict[str, int]                     # component -> bytes per rank at the stage's peak phase
+    phase: str                                # which phase is the peak
+    hints: dict[str, str] = field(default_factory=dict)  # component -> the setting that shrinks it
+
+    @property
+    def peak(self) -> int:
+        return sum(self.parts.values())
+
+    def refusal(self, device_bytes: int) -> str:
+        big = max(self.parts, key=self.parts.get)
+        return (f"{self.stage}: needs about {self.peak / GiB:.1f} GiB per rank ({self.phase}), the device has "
+                f"{device_bytes / GiB:.1f} GiB; the largest part is {big} ({self.parts[big] / GiB:.1f} GiB): "
+                f"{self.hints.get(big, 'reduce it')} (see `protege plan`)")
+
+
+def _meta_model(config, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        try:
+            return AutoModelForImageTextToText.from_config(config, trust_remote_code=trust_remote_code)
+        except ValueError:  # a text-only family
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+
+
+def model_shape(cfg: Config, root: Path, model_dir: Path | None = None) -> ModelShape:
+    """The student's shape: model.path's config.json (the weights are not read), or the embedded student's
+    folder models/base once the world stage wrote it."""
+    from transformers import AutoConfig
+
+    from protege.models.lora import lora_targets
+    from protege.rl.trainable import GROUPS
+
+    folder = model_dir or (Path(cfg.model.path) if cfg.model.path else root / "models" / "base")
+    if not folder.is_absolute():
+        folder = root / folder
+    if not (folder / "config.json").exists():
+        raise UserFacingError(f"{folder}: no config.json to plan from; set model.path (a folder with at least the "
+                              "model's config.json) or run the world stage, which writes models/base")
+    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=cfg.model.trust_remote_code)
+    model = _meta_model(config, cfg.model.trust_remote_code)
+    named = dict(model.named_parameters())
+    groups = {g: sum(p.numel() for n, p in named.items() if pick(n)) for g, pick in GROUPS.items()}
+    r = cfg.model.lora.rank
+    with contextlib.suppress(UserFacingError):
+        groups["lora"] = sum(r * (m.in_features + m.out_features)
+                             for m in (model.get_submodule(n) for n in lora_targets(model, cfg.model.lora.target_modules)))
+    head = model.get_output_embeddings()
+    hidden, layers, vocab = text_shape(config)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", 1)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    return ModelShape(params=sum(p.numel() for p in named.values()),
+                      head=0 if head is None or tied else head.weight.numel(), groups=groups, vocab=vocab,
+                      hidden=hidden, layers=layers, kv_bytes_per_token=layers * 2 * kv_heads * head_dim, config=config)
+
+
+def _trainable(shape: ModelShape, group: str) -> int:
+    if group not in shape.groups:
+        raise UserFacingError(f"trainable {group!r}: no such group for this model ({sorted(shape.groups)})")
+    return shape.groups[group]
+
+
+def _optimizer(n: int, dtype_bytes: int, backend: str, processes: int) -> int:
+    return n * ADAM_DEEPSPEED // processes if backend == "deepspeed" else n * 2 * dtype_bytes
+
+
+def _activations(shape: ModelShape, cfg: Config, dtype_bytes: int, tokens: int | None, batch_tokens: int,
+                 device_bytes: int | None) -> int:
+    per_token = activation_bytes_per_token(shape.config, dtype_bytes, cfg.model.gradient_checkpointing)
+    if tokens is None:  # the derived budget (runtime.micro.budget_tokens) for a device of this size
+        tokens = (int(device_bytes * ACTIVATION_SHARE_GPU) if device_bytes else 2 * GiB) // max(per_token, 1)
+    return min(tokens, batch_tokens) * per_token
+
+
+@dataclass
+class Lengths:
+    prompt: int = 1024   # tokens of the longest prompt (image tokens included)
+    answer: int = 256    # tokens of the longest SFT target
+
+
+def _policy_parts(shape, cfg, *, dtype_bytes, trainable, backend, zero_stage, processes, micro, batch_tokens,
+                  device_bytes, section) -> tuple[dict[str, int], dict[str, str]]:
+    n = _trainable(shape, trainable)
+    shard_weights = processes if backend == "deepspeed" and zero_stage == 3 else 1
+    shard_grads = processes if backend == "deepspeed" else 1
+    parts = {"weights": shape.params * dtype_bytes // shard_weights,
+             "gradients": n * dtype_bytes // shard_grads,
+             "optimizer": _optimizer(n, dtype_bytes, backend, processes),
+             "activations": _activations(shape, cfg, dtype_bytes, micro, batch_tokens, device_bytes),
+             "logits": 3 * LOGIT_CHUNK_BYTES}
+    hints = {"weights": "set model.dtype: bfloat16, or run several processes with "
+                        f"{section}.backend: deepspeed and {section}.zero_stage: 3",
+             "gradients": f"set {section}.trainable: lora (or a smaller group), or {section}.backend: deepspeed",
+             "optimizer": f"set {section}.trainable: lora, or {section}.backend: deepspeed with several processes",
+             "activations": f"lower {section}.micro_batch_tokens, or set model.gradient_checkpointing: true",
+             "logits": "the LM head's chunk (fixed); lower the other parts"}
+    return parts, hints
+
+
+def _kv(shape: ModelShape, rows: int, length: int, dtype_bytes: int) -> int:
+    return rows * length * shape.kv_bytes_per_token * dtype_bytes
+
+
+def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_bytes: int | None = None,
+                lengths: Lengths = Lengths()) -> list[StagePlan]:
+    """Per-rank peaks of sft, disc_pretrain, rl (and rl_baseline, the same loop), agent_rl and tool_rl."""
+    b = DTYPE_BYTES[cfg.model.dtype]
+    out = []
+
+    # sft: the policy's update on batch_size rows of prompt + target
+    s = cfg.sft
+    rows = -(-s.batch_size // processes)
+    parts, hints = _policy_parts(shape, cfg, dtype_bytes=b, trainable=s.trainable, backend=s.backend,
+                                 zero_stage=s.zero_stage, processes=processes, micro=s.micro_batch_tokens,
+                                 batch_tokens=rows * (lengths.prompt + lengths.answer), device_bytes=device_bytes,
+                                 section="sft")
+    out.append(StagePlan("sft", parts, "update", hints))
+
+    # disc_pretrain: the discriminator alone (backbone + a d -> 1 head)
+    d = cfg.disc_pretrain
+    disc_group = "lora" if discriminator_trainable(d.trainable, cfg.model) == "lora" else "all"
+    disc_params = shape.params - shape.head
+    n = shape.groups.get("lora", 0) if disc_group == "lora" else disc_params
+    rows = -(-d.batch_size // processes)
+    parts = {"weights": disc_params * b, "gradients": n * b, "optimizer": _optimizer(n, b, d.backend, processes),
+             "activations": _activations(shape, cfg, b, d.micro_batch_tokens, rows * (lengths.prompt + lengths.answer),
+                                         device_bytes)}
+    out.append(StagePlan("disc_pretrain", parts, "update", {
+        "gradients": "set disc_pretrain.trainable: lora", "optimizer": "set disc_pretrain.trainable: lora",
+        "weights": "set model.dtype: bfloat16",
+        "activations": "lower disc_pretrain.micro_batch_tokens, or set model.gradient_checkpointing: true"}))
+
+    # rl: sampling, the reference's pass, the discriminator's update (ril), the policy's update
+    r = cfg.rl
+    ril = r.algorithm == "ril" or r.baseline == "ril"
+    per_q = r.group_size * (2 if ril and r.teacher_in_group else 1)
+    rows = -(-r.questions_per_step * per_q // processes)
+    seq = lengths.prompt + r.max_new_tokens
+    policy, hints = _policy_parts(shape, cfg, dtype_bytes=b, trainable=r.trainable, backend=r.backend,
+                                  zero_stage=r.zero_stage, processes=processes, micro=r.micro_batch_tokens,
+                                  batch_tokens=rows * seq, device_bytes=device_bytes, section="rl")
+    ref = shape.params * b if r.kl_beta > 0 and r.trainable != "lora" else 0
+    disc_n = 0
+    if ril:
+        disc_n = shape.groups.get("lora", 0) if discriminator_trainable(r.disc_trainable, cfg.model) == "lora" \
+            else disc_params
+    disc_update = (disc_params * b + disc_n * b + _optimizer(disc_n, b, r.backend, processes)) if ril else 0
+    disc_idle = (disc_params * b + _optimizer(disc_n, b, r.backend, processes)) if ril else 0
+    vllm = int(r.vllm_memory * device_bytes) if r.generation == "vllm" and device_bytes else 0
+    resident = 0 if r.offload_idle and r.backend == "torch" else ref + disc_idle
+    base = {"weights": policy["weights"] * (processes if r.backend == "deepspeed" and r.zero_stage == 3 else 1),
+            "optimizer": policy["optimizer"], "vllm": vllm}
+    kv = 0 if r.generation == "vllm" else _kv(shape, -(-r.questions_per_step * r.group_size // processes), seq, b)
+    phases = {
+        "sampling": {**base, "kv_cache": kv, "reference": ref if resident else 0,
+                     "discriminator": disc_idle if resident else 0},
+        "update": {**policy, "vllm": vllm, "reference": ref if resident else 0,
+                   "discriminator": disc_idle if resident else 0},
+    }
+    if ref and not resident:
+        phases["reference pass"] = {**base, "reference": ref, "activations": policy["activations"] // 3,
+                                    "logits": policy["logits"]}
+    if ril:
+        phases["discriminator update"] = {**base, "discriminator": disc_update + (0 if not resident else 0),
+                                          "activations": policy["activations"],
+                                          "reference": ref if resident else 0}
+    phase = max(phases, key=lambda k: sum(phases[k].values()))
+    hints.update({"reference": "set rl.trainable: lora (the reference is the policy with its adapters off) or "
+                               "rl.offload_idle: true", "discriminator": "set rl.disc_trainable: lora",
+                  "kv_cache": "lower rl.questions_per_step or rl.max_new_tokens, or set rl.generation: vllm",
+                  "vllm": "lower rl.vllm_memory"})
+    out.append(StagePlan("rl", {k: v for k, v in phases[phase].items() if v}, phase, hints))
+
+    # agent_rl / tool_rl: episodes of max_turns turns (observation + answer each), a reference when kl_beta > 0
+    for name, game in (("agent_rl", cfg.agent), ("tool_rl", cfg.tool)):
+        a = game.rl
+        turns = getattr(getattr(game, "grid", None), "max_turns", None) or getattr(game.task, "max_turns", 4)
+        seq = lengths.prompt + turns * (a.max_new_tokens + 64)
+        rows = -(-a.seeds_per_step * a.group_size // processes)
+        policy, hints = _policy_parts(shape, cfg, dtype_bytes=b, trainable=a.trainable, backend=a.backend,
+                                      zero_stage=a.zero_stage, processes=processes, micro=a.micro_batch_tokens,
+                                      batch_tokens=rows * seq, device_bytes=device_bytes, section=f"{name[:-3]}.rl")
+        extra = (shape.params * b if a.kl_beta > 0 and a.trainable != "lora" else 0) + (
+            shape.params * b if a.gtr.guidance != "none" else 0)
+        phases = {"sampling": {"weights": policy["weights"], "optimizer": policy["optimizer"],
+                               "kv_cache": _kv(shape, rows, seq, b), "reference": extra},
+                  "update": {**policy, "reference": extra}}
+        phase = max(phases, key=lambda k: sum(phases[k].values()))
+        hints["reference"] = f"set {name[:-3]}.rl.trainable: lora, {name[:-3]}.rl.kl_beta: 0 or gtr.guidance: none"
+        hints["kv_cache"] = f"lower {name[:-3]}.rl.seeds_per_step or max_new_tokens"
+        out.append(StagePlan(name, {k: v for k, v in phases[phase].items() if v}, phase, hints))
+    return out
+
+
+def parse_memory(text: str) -> int:
+    """'80GB', '80 GiB', '81920MiB' -> bytes (GB and GiB both count 2^30, as GPU memory is quoted)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(GB|GiB|G|MB|MiB|M|TB|TiB|T)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise UserFacingError(f"--gpu-memory {text!r}: expected a size such as 80GB, 141GiB or 40960MiB")
+    unit = (m.group(2) or "GB").upper()[0]
+    return int(float(m.group(1)) * {"M": 1 << 20, "G": GiB, "T": 1 << 40}[unit])
+
+
+def table(plans: list[StagePlan], device_bytes: int | None, processes: int) -> str:
+    """The plan as a Markdown table: GiB per rank, one column per stage."""
+    lines = ["| per rank (GiB) | " + " | ".join(p.stage for p in plans) + " |",
+             "|---|" + "---:|" * len(plans)]
+    for part in PARTS:
+        if any(part in p.parts for p in plans):
+            lines.append(f"| {part} | " + " | ".join(f"{p.parts[part] / GiB:.1f}" if part in p.parts else "-"
+                                                    for p in plans) + " |")
+    lines.append("| **peak** | " + " | ".join(f"**{p.peak / GiB:.1f}**" for p in plans) + " |")
+    lines.append("| peak phase | " + " | ".join(p.phase for p in plans) + " |")
+    if device_bytes:
+        lines.append(f"| fits {device_bytes / GiB:.0f} GiB x {processes} | " +
+                     " | ".join("yes" if p.peak <= device_bytes else "**no**" for p in plans) + " |")
+    return "\n".join(lines)
+
+
+STAGE_PLANS = {"sft": ("sft", "sft"), "disc_pretrain": ("disc_pretrain", "disc_pretrain"), "rl": ("rl", "rl"),
+               "rl_baseline": ("rl", "rl"), "agent_rl": ("agent_rl", "agent.rl"), "tool_rl": ("tool_rl", "tool.rl")}
+
+
+def _section(cfg: Config, dotted: str):
+    out = cfg
+    for part in dotted.split("."):
+        out = getattr(out, part)
+    return out
+
+
+def check_stage_fits(cfg: Config, stage: str, root: Path, processes: int = 1) -> str | None:
+    """Before any compute: a training stage bound for a GPU is refused (UserFacingError, naming the setting to
+    change) when its plan exceeds the device's memory. Returns a line to print when no plan could be made."""
+    if stage not in STAGE_PLANS:
+        return None
+    plan_name, section = STAGE_PLANS[stage]
+    device = _section(cfg, section).device
+    if device == "cpu" or not torch.cuda.is_available():
+        return None
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    try:
+        shape = model_shape(cfg, root)
+    except Exception as exc:  # a family the meta device cannot build: train without the check, and say so
+        return f"memory plan skipped: {exc}"
+    for p in plan_stages(cfg, shape, processes=processes, device_bytes=total):
+        if p.stage == plan_name and p.peak > total:
+            raise UserFacingError(p.refusal(total))
+    return None
