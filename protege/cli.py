@@ -87,6 +87,11 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
     except KeyError as exc:
         _fail(exc.args[0])
     root = Path.cwd()
+    ranks = _launch_ranks(cfg, name, params)
+    if ranks is not None:  # this process started the stage's ranks and waited for them
+        if ranks:
+            _fail(f"{name}: stopped (a rank failed, above)", code=1)
+        return
     if cfg.threads:
         import torch
 
@@ -95,8 +100,13 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
 
     try:
         from protege.plan import check_stage_fits
+        from protege.runtime.launch import init_group
 
-        note = check_stage_fits(cfg, name, root)  # before any compute: refuses what cannot fit the GPU
+        init_group(_on_cuda(cfg, name))  # a launched rank joins its group before rank 0 prepares folders
+
+        from protege.runtime.distributed import world
+
+        note = check_stage_fits(cfg, name, root, world()[1])  # before any compute: refuses what cannot fit
         if note:
             typer.echo(f"{name}: {note}", err=True)
         provenance.set_current(stage_record(name, cfg, root))
@@ -107,6 +117,45 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
         _fail(f"{name}: {_one_line(exc)}", code=1)
     finally:
         provenance.set_current(None)  # a stage run in-process (tests, the study) leaves no record behind
+
+
+def _section(cfg, name: str):
+    from protege.stage_names import TRAINING_SECTIONS
+
+    if name not in TRAINING_SECTIONS:
+        return None, None
+    out = cfg
+    for part in TRAINING_SECTIONS[name].split("."):
+        out = getattr(out, part)
+    return TRAINING_SECTIONS[name], out
+
+
+def _on_cuda(cfg, name: str) -> bool:
+    import torch
+
+    _, section = _section(cfg, name)
+    return section is not None and section.device != "cpu" and torch.cuda.is_available()
+
+
+def _launch_ranks(cfg, name: str, params: Path) -> int | None:
+    """A training stage whose section asks for several processes starts them here and returns the exit code;
+    None when this process runs the stage itself (one process, or already a launched rank)."""
+    from protege.errors import UserFacingError
+    from protege.runtime.launch import launch, launched, resolve_processes
+
+    key, section = _section(cfg, name)
+    if section is None or launched():
+        return None
+    try:
+        n = resolve_processes(section.processes, section.backend, section.device, key)
+    except UserFacingError as exc:
+        _fail(f"{name}: {exc}", code=1)
+    if n == 1:
+        return None
+    typer.echo(f"{name}: {n} processes ({'NCCL' if _on_cuda(cfg, name) else 'gloo'}); rank 0 records and writes",
+               err=True)
+    return launch([sys.executable, "-m", "protege", "stage", name, "--params", str(params)], n,
+                  _on_cuda(cfg, name), cfg.threads)
 
 
 def stage_record(name: str, cfg, root: Path) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -181,6 +181,15 @@ def untracked_keys(section: type[BaseModel], prefix: str = "") -> set[str]:
         elif isinstance(ann, type) and issubclass(ann, BaseModel):
             out |= untracked_keys(ann, f"{prefix}{name}.")
     return out
+
+
+def _processes_field():
+    """Ranks the stage starts itself (`protege stage` launches them: gloo on the CPU, NCCL on GPUs); more than one
+    needs backend: deepspeed. auto: one per visible GPU under DeepSpeed, else one."""
+    return Field("auto", **affects(NOTHING))
+
+
+Processes = Literal["auto"] | Annotated[int, Field(ge=1, le=4096)]
 
 
 def _micro_batch_field():
@@ -391,6 +400,7 @@ class SFTConfig(Section):
     backend: Literal["torch", "deepspeed"] = "torch"  # deepspeed: ZeRO, and several processes under torchrun
     zero_stage: Literal[2, 3] = 2
     micro_batch_tokens: int | None = _micro_batch_field()
+    processes: Processes = _processes_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"    # auto: cuda when available
     # steps between training states (exact resume after a kill)
     save_every: int = Field(100, ge=1, le=10_000_000, **affects(OUTPUTS))
@@ -432,6 +442,7 @@ class DiscPretrainConfig(Section):
     backend: Literal["torch", "deepspeed"] = "torch"  # the training runtime, as sft's
     zero_stage: Literal[2, 3] = 2
     micro_batch_tokens: int | None = _micro_batch_field()
+    processes: Processes = _processes_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"
     save_every: int = Field(50, ge=1, le=10_000_000, **affects(OUTPUTS))
     # lora: adapters on the backbone (model.lora) + the head; the saved discriminator holds merged weights;
@@ -474,6 +485,7 @@ class RLConfig(SamplingConfig):
     backend: Literal["torch", "deepspeed"] = "torch"     # deepspeed: ZeRO for the policy and discriminator updates
     zero_stage: Literal[2, 3] = 2
     micro_batch_tokens: int | None = _micro_batch_field()  # policy, reference and discriminator forwards
+    processes: Processes = _processes_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     offload_idle: bool = Field(True, **affects(NOTHING))  # reference model / discriminator on the device only while used
     # learning curve: greedy accuracy on the world's val split at step 0, every eval_every steps and at the end
@@ -602,6 +614,7 @@ class AgentRLConfig(SamplingConfig):
     backend: Literal["torch", "deepspeed"] = "torch"
     zero_stage: Literal[2, 3] = 2
     micro_batch_tokens: int | None = _micro_batch_field()
+    processes: Processes = _processes_field()
     gtr: GTRConfig = GTRConfig()
     gtpo: GTPOConfig = GTPOConfig()
     ppo: PPOConfig = PPOConfig()
@@ -765,6 +778,15 @@ class Config(Section):
         if self.data.source == "files" and self.model.path is None:
             raise ValueError("data.source is files: set model.path to your model's folder (the embedded tiny "
                              "student knows only the world's vocabulary)")
+        return self
+
+    @model_validator(mode="after")
+    def _processes_need_deepspeed(self) -> "Config":
+        for key, sec in (("sft", self.sft), ("disc_pretrain", self.disc_pretrain), ("rl", self.rl),
+                         ("agent.rl", self.agent.rl), ("tool.rl", self.tool.rl)):
+            if sec.processes != "auto" and sec.processes > 1 and sec.backend != "deepspeed":
+                raise ValueError(f"{key}.processes is {sec.processes}: several processes need {key}.backend: "
+                                 "deepspeed (the torch backend trains in one process)")
         return self
 
     @model_validator(mode="after")

@@ -44,7 +44,8 @@ from protege.rl.ppo import ValueHead, gae, scored_with_values, turn_values, valu
 from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.rollout.trajectory import token_logprobs
-from protege.runtime.distributed import one_process
+from protege.errors import UserFacingError
+from protege.runtime.distributed import all_reduce_sum, barrier, check_ranks_agree, mean_over_ranks, world
 from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.placement import CPU, resolve_device
 from protege.runtime.run import Run, due
@@ -110,7 +111,10 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     state (merged teacher included) is saved every `save_every` steps and resumed from when it matches.
     `new_env` builds an environment (default: the configured game), any with reset(seed) / step(text)."""
     rl, gtr = cfg.rl, cfg.rl.gtr
-    one_process("agent and tool RL")
+    rank, world_size = world()
+    if rl.seeds_per_step < world_size:
+        raise UserFacingError(f"seeds_per_step ({rl.seeds_per_step}) must be at least the number of processes "
+                              f"({world_size}): each process plays its share of every step's layouts")
     rng = random.Random(seed)
     torch.manual_seed(seed)
     device = resolve_device(rl.device, "agent.rl.device")
@@ -141,7 +145,8 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         parts.update(term.parts)
     tokens_per_forward = budget_tokens(rl.micro_batch_tokens, policy, device)
     L_max = rl.max_new_tokens * max_turns(cfg)  # Dr.GRPO's constant denominator: the longest possible episode
-    run = Run(state_dir, parts, rng, agent_fingerprint(cfg, seed, inputs_digest), rl.steps, on_saved=on_state_saved)
+    run = Run(state_dir, parts, rng, agent_fingerprint(cfg, seed, inputs_digest), rl.steps, rank=rank,
+              world_size=world_size, barrier=barrier, on_saved=on_state_saved)
     start, _ = run.resume()
     saved = checkpoints(out_dir) if start > 1 else []
     for term in guidance if start > 1 else []:
@@ -150,9 +155,10 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     step = start - 1
     for step in range(start, rl.steps + 1):
         t0 = time.perf_counter()
-        # 1. fresh layouts, each played G times
+        # 1. fresh layouts, each played G times; every rank draws the step's layouts (the same RNG use
+        #    everywhere) and plays its share: a layout's group stays on one rank
         layouts = [train_seed(rng.randrange(EVAL_SEED_OFFSET)) for _ in range(rl.seeds_per_step)]
-        seeds = [s for s in layouts for _ in range(G)]
+        seeds = [s for s in layouts[rank::world_size] for _ in range(G)]
 
         # 2. multi-turn episodes from pi_old (= the current policy), all at once
         t_roll = time.perf_counter()
@@ -164,7 +170,10 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         spans = micro_batches(batch.n, batch.width, tokens_per_forward)
         parts = [(batch if len(span) == batch.n else batch.select(span, processor)).to(device) for span in spans]
         mask = batch.loss_mask.float().to(device)  # [N, T-1] the policy's own tokens
-        n_rows, n_tok = batch.n, float(mask.sum())
+        n_tok = float(mask.sum())
+        # the loss's rows are the whole step's across ranks: DeepSpeed averages the ranks' gradients, so each
+        # rank's share divides its own sum by (all rows / ranks) and the average is the global batch's mean
+        n_rows = float(all_reduce_sum(torch.tensor(float(batch.n)))) / world_size
         returns = torch.tensor([e.total_reward for e in eps])  # [E]
         r_turn, valid = turn_rewards(eps)  # [E, Tmax] each
         E, T = r_turn.shape
@@ -243,15 +252,16 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
                 term.after_update(policy, metrics)
         seconds = time.perf_counter() - t0
 
-        # 7. checkpoint and training state
+        # 7. checkpoint and training state (rank 0 writes; the state save is collective)
         if due(step, rl.save_every, rl.steps):
             saved.append(checkpoint_dir(out_dir, step))
             with updater.gathered():
-                save_student(policy, processor, saved[-1])
+                if rank == 0:
+                    save_student(policy, processor, saved[-1])
             run.save(step, {})
-        if on_log:
+        metrics.update(rollout_metrics(eps))
+        if on_log or world_size > 1:  # the step's figures over every rank's episodes (collective)
             n_tok = float(mask.sum())
-            metrics.update(rollout_metrics(eps))
             metrics.update({
                 "entropy": float((entropy * mask).sum() / max(n_tok, 1.0)),
                 "reward": float(rewards.episode.mean()), "return": float(returns.mean()),
@@ -259,10 +269,15 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
                 "clip_fraction": stats["clip_fraction"], "rollout_s": rollout_s, "step_s": seconds,
                 "lr": updater.optimizer.param_groups[0]["lr"],
                 "tokens_per_episode": n_tok / len(eps)})
-            on_log(step, metrics)
+            metrics = mean_over_ranks(metrics)
+            if on_log:
+                on_log(step, metrics)
         if stop_after is not None and step >= stop_after:
             break
-    if step >= rl.steps:
+    with updater.gathered():
+        check_ranks_agree(policy, "agent RL")  # several processes: each rank's weights equal rank 0's
+    if step >= rl.steps and rank == 0:
         for term in guidance:
             term.finish(out_dir, processor)
+    barrier()
     return saved

@@ -31,7 +31,7 @@ from protege.rl.losses import policy_loss
 from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.rollout.trajectory import from_completions, score, token_logprobs
-from protege.runtime.distributed import barrier, world
+from protege.runtime.distributed import barrier, check_ranks_agree, world
 from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.placement import CPU, resolve_device, to_device
 from protege.runtime.run import Run, due, next_rows
@@ -278,4 +278,6 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             break
     if rollout is not policy:
         rollout.close()
+    with updater.gathered():
+        check_ranks_agree(policy, "rl")  # several processes: each rank's weights equal rank 0's
     return saved

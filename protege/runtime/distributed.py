@@ -59,3 +59,43 @@ def global_mean_share(local_mean: torch.Tensor, local_count: int, global_count: 
         raise ValueError(f"a loss share needs items on this rank and in the batch (local {local_count}, "
                          f"global {global_count})")
     return local_mean * (local_count * world_size / global_count)
+
+
+def on_rank0(fn):
+    """Runs `fn()` on rank 0 alone (folder preparation, a file other ranks then read) and hands its result to
+    every rank; the others wait for it. One process: just `fn()`."""
+    if not _grouped():
+        return fn()
+    box = [fn() if world()[0] == 0 else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def weights_checksum(model: torch.nn.Module) -> list[float]:
+    """Two float64 sums per parameter (of the values and of their squares): equal weights give equal lists."""
+    with torch.no_grad():
+        return [float(v) for p in model.parameters() for v in (p.double().sum(), p.double().pow(2).sum())]
+
+
+def check_ranks_agree(model: torch.nn.Module, what: str) -> None:
+    """Every rank holds the same weights after a data-parallel run (collective; whole weights needed, so under
+    ZeRO-3 call it inside the updater's `gathered()`). A rank that drifted is a bug: the run stops, named."""
+    if not _grouped():
+        return
+    mine = weights_checksum(model)
+    every = [None] * world()[1]
+    torch.distributed.all_gather_object(every, mine)
+    drifted = [r for r, c in enumerate(every) if c != every[0]]
+    if drifted:
+        raise RuntimeError(f"{what}: ranks {drifted} end with weights other than rank 0's")
+
+
+def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """Each figure averaged over the ranks that report it (collective): a step's metrics of every rank's share
+    of the batch, logged by rank 0. One process: the figures as they are."""
+    if not _grouped():
+        return metrics
+    every = [None] * world()[1]
+    torch.distributed.all_gather_object(every, metrics)
+    keys = dict.fromkeys(k for m in every for k in m)
+    return {k: sum(m[k] for m in every if k in m) / sum(k in m for m in every) for k in keys}

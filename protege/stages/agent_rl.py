@@ -14,9 +14,10 @@ from protege.eval.agent import evaluate_agent
 
 from protege.rl.agent_loop import agent_fingerprint, run_agent_rl
 from protege.rollout.games import is_tool
-from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
+from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import load_model, with_lora
 from protege.stages.games import GAMES, GameLayout
+from protege.runtime.distributed import on_rank0, world
 from protege.runtime.run_folder import drop_previous, prepare_out_dir
 
 STATE = "state"
@@ -40,16 +41,21 @@ def _eval(name: str, model, processor, cfg: Config, mlrun, layout: GameLayout) -
 
 
 def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
-    """The whole recipe (the study runs it in its own folders): returns the summary with per-episode results."""
+    """The whole recipe (the study runs it in its own folders): returns the summary with per-episode results.
+    Under several processes every rank trains on its share of each step's layouts; rank 0 alone prepares the
+    folder, evaluates, records and writes (the others return {})."""
+    lead = world()[0] == 0
+    if not lead:
+        mlrun = QuietRun()
     layout = GAMES[game]
     a = layout.config(cfg)
     mlrun.log_params(tracked_params(a.rl), f"{game}.rl.")  # gtr.* and gtpo.* flattened
     mlrun.log_input(layout.sft_model, context="init")
     digest = inputs_digest(root, [layout.sft_model])
     out = root / layout.rl_dir
-    resumed = prepare_out_dir(out, agent_fingerprint(a, cfg.seed, digest), a.rl.steps)
+    resumed = on_rank0(lambda: prepare_out_dir(out, agent_fingerprint(a, cfg.seed, digest), a.rl.steps))
     policy, processor = load_model(cfg, root / layout.sft_model)
-    start = _eval("start", policy, processor, cfg, mlrun, layout)
+    start = _eval("start", policy, processor, cfg, mlrun, layout) if lead else {}
     policy = with_lora(cfg, policy, a.rl.trainable)
     g, p = a.rl.gtr, a.rl.gtpo
     say(layout.rl_stage, f"{a.rl.algorithm}: {a.rl.steps} steps x {a.rl.seeds_per_step} {layout.what} x {a.rl.group_size} plays"
@@ -64,8 +70,11 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
         history.append({"step": step, **metrics})
         log_step(step, metrics)
 
-    saved = run_agent_rl(policy, processor, a, cfg.world.image_size, out, cfg.seed, on_log=log,
-                         state_dir=out / STATE, inputs_digest=digest, on_state_saved=lambda step: drop_previous(out))
+    saved = run_agent_rl(policy, processor, a, cfg.world.image_size, out, cfg.seed, on_log=log if lead else None,
+                         state_dir=out / STATE, inputs_digest=digest,
+                         on_state_saved=lambda step: drop_previous(out) if lead else None)
+    if not lead:
+        return {}
     drop_previous(out)
     mlrun.log_model(saved[-1], f"{game}-rl-final", params={k: v for k, v in tracked_params(a.rl).items()
                                                                       if k not in ("gtr", "gtpo")})
@@ -91,6 +100,8 @@ def run_game(cfg: Config, game_cfg, root: Path, mlrun) -> None:
     game = "tool" if is_tool(game_cfg) else "agent"
     layout = GAMES[game]
     summary = train(cfg, root, mlrun, game)
+    if not summary:  # a rank other than 0: rank 0 writes the reports
+        return
     (root / layout.report).mkdir(parents=True, exist_ok=True)
     (root / layout.report / "summary.json").write_text(json.dumps(summary, indent=1))
     flat = {f"{m}.{k}": summary[m][k] for m in ("start", "end", "merged_teacher") if m in summary

@@ -27,10 +27,10 @@ from protege.paths import (
 )
 from protege.rewards.llm_judge import LLMJudge
 from protege.rl.loop import RLInputs, fingerprint, run_rl
-from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
+from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import load_model, with_lora
 from protege.teachers.factory import build_teacher
-from protege.runtime.distributed import world
+from protege.runtime.distributed import on_rank0, world
 from protege.runtime.run_folder import drop_previous, prepare_out_dir
 
 STATE = "state"
@@ -105,7 +105,8 @@ def learning_curve(cfg: Config, root: Path, run, processor, path: Path, resumed_
     val_rel = split_table(cfg.data.source, "val")
     val = root / val_rel
     if c.eval_every == 0 or not val.exists():
-        empty_curve(root / path)
+        if world()[0] == 0:
+            empty_curve(root / path)
         say(stage, "no learning curve: " + ("rl.eval_every is 0" if c.eval_every == 0 else
                                             f"{val_rel} is absent (data.val is null)"))
         return None
@@ -119,7 +120,10 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
           model_name: str) -> dict:
     """The RL run of `cfg.rl` with `algorithm`, from the SFT checkpoint into `out_rel` (checkpoints + resume
     state), its learning curve into `curve_rel`; logs to `run`, writes reports/stages/<stage>.json and
-    returns that summary."""
+    returns that summary. Under several processes rank 0 alone prepares the folder, records and writes."""
+    lead = world()[0] == 0
+    if not lead:
+        run = QuietRun()
     c = cfg.rl.model_copy(update={"algorithm": algorithm})
     run.log_params(tracked_params(c), "rl.")
     ril = algorithm == "ril"
@@ -133,10 +137,11 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     policy = with_lora(cfg, policy, c.trainable)
     out = root / out_rel
     digest = inputs_digest(root, input_files(root, split_table(cfg.data.source, "val"), ril))
-    resumed = prepare_out_dir(out, fingerprint(c, cfg.seed, digest), c.steps)
+    resumed = on_rank0(lambda: prepare_out_dir(out, fingerprint(c, cfg.seed, digest), c.steps))
     judge = None
     if c.judge == "llm":
         judge = LLMJudge(build_teacher(c.judge_model, root, 0.0, cfg.seed), out / "judge_verdicts.jsonl")
+    # every rank holds the curve: under ZeRO-3 its evaluation gathers the weights, a collective (rank 0 evaluates)
     curve = learning_curve(cfg, root, run, processor, curve_rel, resumed, stage)
     rows = load_rows(root / CURATED_RL)
     processor.check_images(rows, str(CURATED_RL))
@@ -154,11 +159,15 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
         history.append(metrics)
         log_step(step, metrics)
 
-    saved = run_rl(policy, ref, processor, inputs, c, out, cfg.seed, on_log=log, state_dir=out / STATE,
-                   inputs_digest=digest, on_state_saved=lambda step: drop_previous(out))
+    saved = run_rl(policy, ref, processor, inputs, c, out, cfg.seed, on_log=log if lead else None,
+                   state_dir=out / STATE, inputs_digest=digest,
+                   on_state_saved=lambda step: drop_previous(out) if lead else None)
+    if not lead:
+        return {}
     drop_previous(out)
     run.log_model(saved[-1], model_name, params=tracked_params(c))
-    summary = {"algorithm": algorithm, "checkpoints": len(saved), "resumed_after_step": resumed}
+    summary = {"algorithm": algorithm, "checkpoints": len(saved), "resumed_after_step": resumed,
+               "processes": world()[1]}
     if history:
         k = max(1, len(history) // 4)
         for key in ("reward", "answer_reward_student", "similarity_reward_student", "disc_accuracy"):

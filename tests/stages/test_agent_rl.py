@@ -73,14 +73,16 @@ def test_merged_teacher_is_the_average_of_every_checkpoint(tiny_student, tiny_pr
     assert logs[0]["kl_merged"] == pytest.approx(0.0, abs=1e-6)  # M_0 = pi_init = the policy at step 1
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
-def test_resume_is_exact(tiny_processor, tmp_path, algorithm):
-    """PPO's value head and its moments are part of the state: a resumed run ends on the same weights."""
+@pytest.mark.parametrize("algorithm,micro", [("grpo", None), ("ppo", None), ("ppo", 1)])
+def test_resume_is_exact(tiny_processor, tmp_path, algorithm, micro):
+    """PPO's value head and its moments are part of the state: a resumed run ends on the same weights, with
+    the batch in one forward or one row per micro-batch."""
     from protege.config import ModelConfig
     from protege.models.student import build_student
 
     base = tiny_cfg(merge="ema" if algorithm == "grpo" else "ties_running")
-    cfg = base.model_copy(update={"rl": base.rl.model_copy(update={"algorithm": algorithm})})
+    cfg = base.model_copy(update={"rl": base.rl.model_copy(update={"algorithm": algorithm,
+                                                                   "micro_batch_tokens": micro})})
     full = build_student(ModelConfig(), tiny_processor, seed=0)
     run_agent_rl(full, tiny_processor, cfg, 64, tmp_path / "a", seed=1, state_dir=tmp_path / "a" / "state",
                  new_env=VarietyEnv)
@@ -176,13 +178,17 @@ def test_warm_start_resumes_to_bitwise_the_same_weights(tiny_student, tiny_proce
                            state_dir=tmp_path / "state")["resumed_after_step"] == 0
 
 
-def test_a_multi_process_launch_is_refused_in_one_line(tiny_student, tiny_processor, tmp_path, monkeypatch):
+def test_a_multi_process_launch_needs_deepspeed_and_a_layout_per_rank(tiny_student, tiny_processor, tmp_path,
+                                                                     monkeypatch):
     from protege.errors import UserFacingError
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    with pytest.raises(UserFacingError, match="agent and tool RL train in one process; this one was launched as "
-                                              "rank 1 of 2"):
+    with pytest.raises(UserFacingError, match="agent.rl.backend 'torch' trains in one process, but this one was "
+                                              "launched as one of 2"):
+        run_agent_rl(tiny_student, tiny_processor, tiny_cfg(), 64, tmp_path, seed=0)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(UserFacingError, match=r"seeds_per_step \(2\) must be at least the number of processes \(3\)"):
         run_agent_rl(tiny_student, tiny_processor, tiny_cfg(), 64, tmp_path, seed=0)
     with pytest.raises(UserFacingError, match="the agent and tool warm starts train in one process"):
         train_agent_sft(tiny_student, tiny_processor, tiny_cfg(), 64, seed=0)

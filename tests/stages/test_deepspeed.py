@@ -75,3 +75,14 @@ def test_zero2_resume_matches_uninterrupted_run(tmp_path):
         torch.testing.assert_close(again[k], full[k], rtol=0, atol=0)
     # and the resumed step really trained: the weights moved after the state it resumed from
     assert any(not torch.equal(at_stop[k], again[k]) for k in at_stop if k in again)
+
+
+def test_two_processes_with_micro_batches_resume_exactly(tmp_path):
+    """Two ranks, one row per micro-batch: a run stopped after step 2 and resumed by fresh processes ends on
+    the weights of the uninterrupted run, on both ranks."""
+    one = ("--steps", "3", "--micro", "1")
+    full = launch(tmp_path, "ril", 2, 2, *one, tag="-full")
+    launch(tmp_path, "ril", 2, 2, *one, "--state", "--stop-after", "2", tag="-resume")
+    resumed = launch(tmp_path, "ril", 2, 2, *one, "--state", tag="-resume")
+    assert [r["steps"] for r in resumed] == [1, 1]  # only step 3 ran again
+    assert {r["digest"] for r in full} == {r["digest"] for r in resumed} and len({r["digest"] for r in full}) == 1

@@ -96,21 +96,22 @@ def test_fixed_discriminator_and_no_teachers_in_group(tiny_student, tiny_process
     assert "similarity_reward_teacher" not in logs[-1]
 
 
-def final_weights(student, processor, rows, disc, tmp_path, stop_after=None, state=True):
-    cfg = RLConfig(**{**BASE, "steps": 4}, algorithm="ril")
+def final_weights(student, processor, rows, disc, tmp_path, stop_after=None, state=True, micro=None):
+    cfg = RLConfig(**{**BASE, "steps": 4}, algorithm="ril", micro_batch_tokens=micro)
     run_rl(student, copy.deepcopy(student), processor, RLInputs(rows, teacher_answers(rows), disc), cfg, tmp_path,
            seed=3, state_dir=tmp_path / "state" if state else None, stop_after=stop_after)
     return {k: v.clone() for k, v in student.state_dict().items()}
 
 
-def test_resume_reaches_bitwise_the_same_weights(tiny_student, tiny_processor, rows, tmp_path):
+@pytest.mark.parametrize("micro", [None, 1])  # the whole group in one forward, or one row per micro-batch
+def test_resume_reaches_bitwise_the_same_weights(tiny_student, tiny_processor, rows, tmp_path, micro):
     reference = final_weights(copy.deepcopy(tiny_student), tiny_processor, rows, disc_from(tiny_student),
-                              tmp_path / "a", state=False)
+                              tmp_path / "a", state=False, micro=micro)
     # "killed" during step 3: the last state is step 2's; a fresh process re-runs from the SFT weights
     final_weights(copy.deepcopy(tiny_student), tiny_processor, rows, disc_from(tiny_student), tmp_path / "b",
-                  stop_after=3)
+                  stop_after=3, micro=micro)
     resumed = final_weights(copy.deepcopy(tiny_student), tiny_processor, rows, disc_from(tiny_student),
-                            tmp_path / "b")
+                            tmp_path / "b", micro=micro)
     assert all(torch.equal(resumed[k], reference[k]) for k in reference)
     assert any(not torch.equal(reference[k], v) for k, v in tiny_student.state_dict().items())
 
