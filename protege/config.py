@@ -428,6 +428,9 @@ class SamplingConfig(Section):
     generation: Literal["transformers", "vllm"] = "transformers"
     # vllm on CUDA: GPU memory fraction for the engine (rest: training)
     vllm_memory: float = Field(0.3, gt=0, lt=1, **affects(NOTHING))
+    # vllm: the engine's context (prompt + answer tokens); null: the curated questions' cap (curate.max_tokens)
+    # plus max_new_tokens, so a model's native 128k context never sizes the KV cache
+    vllm_max_model_len: int | None = Field(None, ge=16, le=10_000_000, **affects(NOTHING))
 
 
 class RolloutsConfig(SamplingConfig):
@@ -482,6 +485,11 @@ class RLConfig(SamplingConfig):
     judge: Literal["rule", "llm"] = "rule"
     judge_model: TeacherSpec | None = None        # judge: llm -> a text backend (openai or vllm)
     max_missing_fraction: float = Field(0.1, ge=0, le=1)  # questions without teacher answers: skip, or fail above this
+    # generation: vllm samples in bf16 what the policy scores in its own precision: tis weights each sampled
+    # token's surrogate by min(pi_old / pi_vllm, tis_cap) (truncated importance sampling); none trusts the engine
+    rollout_correction: Literal["none", "tis"] = "tis"
+    tis_cap: float = Field(2.0, ge=1, le=1000)
+    vllm_sleep: bool = Field(True, **affects(NOTHING))  # vllm on CUDA: release the engine's memory during updates
     backend: Literal["torch", "deepspeed"] = "torch"     # deepspeed: ZeRO for the policy and discriminator updates
     zero_stage: Literal[2, 3] = 2
     micro_batch_tokens: int | None = _micro_batch_field()  # policy, reference and discriminator forwards

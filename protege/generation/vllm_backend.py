@@ -35,14 +35,16 @@ def require_vllm():
     return vllm
 
 
-def engine_kwargs(memory: float = 0.5, **overrides) -> dict:
+def engine_kwargs(memory: float = 0.5, sleep: bool = False, **overrides) -> dict:
     """LLM(...) arguments for this machine. On CUDA `memory` is the fraction of GPU memory the engine takes
     (weights + KV cache; the rest is left to a policy training beside it). On the CPU vLLM would read that
     fraction as one of host memory and refuse to start when other processes use it, so a fixed KV cache
-    is given instead; float32 there keeps greedy decoding token-identical to the transformers backend."""
-    kw: dict = {"enable_prefix_caching": True}  # the context length: the model config's own
+    is given instead; float32 there keeps greedy decoding token-identical to the transformers backend.
+    `sleep` (CUDA): the engine can release its memory while the policy trains (`VLLMGenerator.sleep`).
+    Pass max_model_len: otherwise the model config's own context (128k for Qwen2.5-VL) sizes the cache."""
+    kw: dict = {"enable_prefix_caching": True}
     if torch.cuda.is_available():
-        kw.update(gpu_memory_utilization=memory, dtype="bfloat16")
+        kw.update(gpu_memory_utilization=memory, dtype="bfloat16", enable_sleep_mode=sleep)
     else:
         # eager: torch.compile would add tens of seconds of start-up for models this small
         kw.update(dtype="float32", kv_cache_memory_bytes=256 << 20, enforce_eager=True)
@@ -106,8 +108,23 @@ class VLLMGenerator:
         self.logprobs = logprobs
         self.workdir = None  # a temporary checkpoint folder the engine started from, if it owns one
         t0 = time.perf_counter()
+        self.sleeps = bool(engine_kw.get("sleep")) and torch.cuda.is_available()
+        self.asleep = False
         self.llm = llm if llm is not None else start_engine(model_path, seed=seed, **engine_kw)
         self.startup_s = time.perf_counter() - t0
+
+    def sleep(self) -> None:
+        """Releases the engine's GPU memory while the policy trains: the KV cache is dropped and the weights
+        move to host memory (level 1). No-op where sleep mode is off (the CPU, `vllm_sleep: false`)."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Takes the memory back before the next rollout (then `sync_weights` loads the new weights)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     def sample(self, processor, batch: dict[str, torch.Tensor], images: list | None, sampling: Sampling,
                num_return_sequences: int = 1) -> Completions:
@@ -155,12 +172,12 @@ class VLLMGenerator:
         """Loads `model`'s current weights into the engine in place (names as in a transformers checkpoint;
         vLLM's own loader maps and fuses them), then drops the prefix cache, whose keys and values were
         computed with the old weights."""
-        from protege.models.lora import is_lora, merged_state_dict
+        from protege.models.lora import iter_merged_weights
 
-        # a LoRA policy hands over its merged weights, under the base model's names
-        state = merged_state_dict(model) if is_lora(model) else model.state_dict()
-        weights = [(name, t.detach()) for name, t in state.items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+        self.wake_up()
+        # tensor by tensor, by reference: no second copy of the weights (a LoRA policy's merged W + scale * B A
+        # is made one module at a time, under the base model's names)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter_merged_weights(model),
                                                           "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
 
@@ -193,7 +210,8 @@ def generator_from_model(model: torch.nn.Module, processor, seed: int = 0, **eng
     save_student(model, processor, workdir.name)
     if getattr(model.config, "vision_config", None) is not None and needs_video_config(Path(workdir.name)):
         write_vllm_processor(processor, workdir.name)
-    gen = VLLMGenerator(workdir.name, processor, seed=seed, **engine_kw)
+    logprobs = engine_kw.pop("logprobs", False)
+    gen = VLLMGenerator(workdir.name, processor, seed=seed, logprobs=logprobs, **engine_kw)
     gen.workdir = workdir
     return gen
 

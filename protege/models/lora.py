@@ -108,6 +108,32 @@ def merged_adapted_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+@torch.no_grad()
+def iter_merged_weights(model: nn.Module):
+    """(name, tensor) of the model's full weights one at a time, as a checkpoint names them: a plain model's own
+    tensors (no copy), a LoRA model's base weights with each adapted weight merged (W + scale * B A) only when
+    its turn comes, so at most one merged tensor exists beside the model."""
+    if not is_lora(model):
+        for name, t in model.state_dict().items():
+            yield name, t.detach()
+        return
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    adapted = {f"{name}.base_layer.weight": module for name, module in base.named_modules()
+               if isinstance(module, LoraLayer)}
+    for key, value in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        clean = key.replace(".base_layer.", ".")
+        module = adapted.get(key)
+        if module is None:
+            yield clean, value.detach()
+        else:
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
+            yield clean, (value + delta.to(value.dtype)).detach()
+
+
 def plain_copy(model: nn.Module) -> nn.Module:
     """A frozen copy without adapters: the merged weights in the base model's own class."""
     import copy

@@ -27,7 +27,7 @@ from protege.paths import checkpoint_dir, checkpoints
 from protege.rl.estimators import Returns, estimator
 from protege.rollout.group import build_group
 from protege.rl.guidance.discriminator import DiscriminatorSimilarity, QuestionStep
-from protege.rl.losses import policy_loss
+from protege.rl.losses import policy_loss, rollout_is_weights
 from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.rollout.trajectory import from_completions, score, token_logprobs
@@ -49,6 +49,7 @@ class RLInputs:
     # the learning curve: called as evaluator(step, policy) at step 0, every rl.eval_every steps and at the last
     # step (rank 0 only); it must not sample: greedy decoding leaves the run's random generators untouched
     evaluator: Callable[[int, torch.nn.Module], None] | None = None
+    max_prompt_tokens: int | None = None  # the longest a question's prompt may be (sizes a vLLM engine's context)
 
 
 def fingerprint(cfg: RLConfig, seed: int, inputs_digest: str = "") -> str:
@@ -76,18 +77,24 @@ def eval_due(step: int, cfg: RLConfig) -> bool:
 
 
 def _rollout_engine(cfg: RLConfig, policy, processor: StudentProcessor, updater, seed: int, rank: int,
-                    world_size: int, start: int):
+                    world_size: int, start: int, max_prompt_tokens: int | None):
     """The policy (transformers) or a vLLM engine serving a copy of its weights, one per process. A resumed run
-    seeds its engine anew (from the step it resumes at): exact resume holds for transformers sampling only."""
+    seeds its engine anew (from the step it resumes at): exact resume holds for transformers sampling only.
+    The engine's context is rl.vllm_max_model_len, or the longest prompt the questions may have plus
+    max_new_tokens; it reports each sampled token's log-prob when rl.rollout_correction asks for them."""
     if cfg.generation == "transformers":
         return policy
     from protege.generation.vllm_backend import generator_from_model
 
     # several processes: each engine joins the launcher's process group and stays on its own device
     extra = {"distributed_executor_backend": "external_launcher"} if world_size > 1 else {}
+    length = cfg.vllm_max_model_len or (max_prompt_tokens + cfg.max_new_tokens if max_prompt_tokens else None)
+    if length:
+        extra["max_model_len"] = length
     with updater.gathered():
         return generator_from_model(policy, processor, seed=seed * 1_000_003 + rank * 1009 + start,
-                                    memory=cfg.vllm_memory, **extra)
+                                    memory=cfg.vllm_memory, sleep=cfg.vllm_sleep,
+                                    logprobs=cfg.rollout_correction == "tis", **extra)
 
 
 def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLConfig, out_dir: Path, seed: int,
@@ -159,7 +166,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     saved = checkpoints(out_dir) if start > 1 else []
 
     # who samples: the policy itself, or a vLLM engine started from its current (possibly resumed) weights
-    rollout = _rollout_engine(cfg, policy, processor, updater, seed, rank, world_size, start)
+    rollout = _rollout_engine(cfg, policy, processor, updater, seed, rank, world_size, start, inputs.max_prompt_tokens)
 
     def after_update(step: int) -> None:  # the learning curve's hook, on the weights after `step` updates
         if inputs.evaluator is None or not eval_due(step, cfg):
@@ -189,6 +196,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         with updater.gathered():
             student = complete(rollout, processor, prompts, [r.image for r in batch_rows], sampling, G)
         rollout_s = time.perf_counter() - t_rollout
+        if rollout is not policy:
+            rollout.sleep()  # its memory goes to the update; taken back before the next rollout
         group, is_teacher, texts = build_group(student, prompts["input_ids"],
                                                teacher_texts if with_teachers else [[] for _ in batch_rows], processor, G)
         per_q = group.sequences.shape[0] // len(batch_rows)
@@ -216,6 +225,12 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         traj = from_completions(group, processor.repeat_rows(prompts, [r.image for r in batch_rows], per_q), processor,
                                 is_teacher, images=[r.image for r in batch_rows for _ in range(per_q)])
         mask = traj.loss_mask.float()  # [B, L] student and teacher answer tokens
+        # the rollout engine's log-prob of each token it sampled (student rows), for its importance weights
+        rollout_logp = sampled = None
+        if student.logprobs is not None and cfg.rollout_correction == "tis":
+            rollout_logp = torch.zeros(mask.shape)
+            rollout_logp[~is_teacher, :student.logprobs.shape[1]] = student.logprobs.float().cpu()
+            sampled = mask.cpu() * (~is_teacher).float().unsqueeze(1)
         parts = [traj.select(rows_, processor) if len(rows_) < traj.n else traj
                  for rows_ in micro_batches(traj.n, traj.width, tokens_per_forward)]
         logp_ref = [None] * len(parts)
@@ -224,17 +239,25 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                 logp_ref = [token_logprobs(ref_model, part) for part in parts]
         n_rows, n_tok = traj.n, float(mask.sum())
         loss, stats, entropy_sum, first = 0.0, {"kl": 0.0, "clip_fraction": 0.0}, 0.0, 0
+        is_sum = is_capped = lp_gap = 0.0
         t_update = time.perf_counter()
         for part, ref_lp in zip(parts, logp_ref):
             rows_ = slice(first, first + part.n)
             first += part.n
             scored = score(policy, part, with_entropy=True)
             m = part.loss_mask.float()
+            weights = None
+            if rollout_logp is not None:
+                lp_r, on = rollout_logp[rows_].to(device), sampled[rows_].to(device)
+                weights = rollout_is_weights(scored.logp, lp_r, on, cfg.tis_cap)
+                is_sum += float((weights * on).sum())
+                is_capped += float(((weights >= cfg.tis_cap) * on).sum())
+                lp_gap += float(((scored.logp.detach() - lp_r) * on).sum())
             share, part_stats = policy_loss(scored.logp, scored.logp.detach(),
                                             scored.logp.detach() if ref_lp is None else ref_lp, adv[rows_].to(device),
                                             m, clip_eps=cfg.clip_eps, kl_beta=cfg.kl_beta,
                                             aggregation="grpo" if cfg.algorithm == "grpo" else "dr_grpo",
-                                            max_len=L_max, rows=n_rows, tokens=n_tok)
+                                            max_len=L_max, rows=n_rows, tokens=n_tok, is_weights=weights)
             if not torch.isfinite(share):
                 raise FloatingPointError(f"RL loss is {share.item()} at step {step}; last good checkpoint: "
                                          f"{saved[-1] if saved else 'none (the SFT model)'}")
@@ -245,7 +268,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                 stats[k] += float(part_stats[k])
         updater.step()
         update_s = time.perf_counter() - t_update
-        if rollout is not policy:  # the engine samples the next step: it gets the updated weights now
+        if rollout is not policy:  # the engine samples the next step: it wakes and gets the updated weights now
             with updater.gathered():
                 rollout.sync_weights(policy)
         sync_s = time.perf_counter() - t_update - update_s
@@ -273,6 +296,10 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                 "skipped_questions": float(skipped)})
             if t_rows.any():
                 metrics["answer_reward_teacher"] = answer[t_rows].mean().item()
+            if rollout_logp is not None:  # how far the engine's distribution is from the policy's
+                n_sampled = max(float(sampled.sum()), 1.0)
+                metrics.update(tis_weight_mean=is_sum / n_sampled, tis_capped_fraction=is_capped / n_sampled,
+                               rollout_logp_gap=lp_gap / n_sampled)
             on_log(step, metrics)
         if stop_after is not None and step >= stop_after:
             break

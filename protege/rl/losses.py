@@ -45,15 +45,19 @@ def aggregate_grpo(per_token: torch.Tensor, mask: torch.Tensor, rows: int | None
 
 def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, clip_eps: float, kl_beta: float, aggregation: str,
-                max_len: int, rows: int | None = None,
-                tokens: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                max_len: int, rows: int | None = None, tokens: float | None = None,
+                is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate + beta * k3 KL, aggregated per `aggregation` ('dr_grpo' | 'grpo').
 
     logp, logp_old, logp_ref, mask: [N, L]; advantages: [N] or [N, L] -> (scalar loss, detached stats).
+    `is_weights` [N, L] (detached) multiply the surrogate per token: the rollout engine's correction
+    (`rollout_is_weights`), 1 where the tokens were not sampled by another engine.
     For a micro-batch of a larger batch, `rows` and `tokens` are the whole batch's sequences and scored
     tokens: the loss and the stats are then this micro-batch's shares, which add up to the whole batch's.
     """
     surrogate, clipped = clipped_surrogate(logp, logp_old, advantages, clip_eps)
+    if is_weights is not None:
+        surrogate = surrogate * is_weights
     kl = kl_k3(logp, logp_ref)
     per_token = surrogate + kl_beta * kl  # [N, L]
     if aggregation == "dr_grpo":
@@ -66,6 +70,15 @@ def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tens
     stats = {"kl": ((kl * mask).sum() / n_tok).detach(),
              "clip_fraction": ((clipped.float() * mask).sum() / n_tok).detach()}
     return loss, stats
+
+
+def rollout_is_weights(logp_old: torch.Tensor, logp_rollout: torch.Tensor, sampled: torch.Tensor,
+                       cap: float) -> torch.Tensor:
+    """Truncated importance sampling for tokens a rollout engine sampled (vLLM in bf16) while the policy scores
+    them in its own precision: w = min(pi_old / pi_rollout, cap) per token, 1 where `sampled` is 0 (a teacher's
+    tokens, padding). logp_old, logp_rollout: [N, L]; sampled: [N, L] -> [N, L], detached."""
+    w = torch.exp(logp_old.detach() - logp_rollout).clamp(max=cap)
+    return torch.where(sampled.bool(), w, torch.ones_like(w)).detach()
 
 
 def merged_kl_penalty(logp: torch.Tensor, logp_merged: torch.Tensor, thought: torch.Tensor, turn: torch.Tensor,

@@ -148,7 +148,8 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     disc = (load_discriminator(root / DISCRIMINATOR, trust_remote_code=cfg.model.trust_remote_code,
                                dtype=cfg.model.dtype, lora=cfg.model.lora if discriminator_trainable(c.disc_trainable, cfg.model) == "lora" else None)
             if ril else None)
-    inputs = RLInputs(rows, teacher_answers(root) if ril else {}, disc, judge, evaluator=curve)
+    inputs = RLInputs(rows, teacher_answers(root) if ril else {}, disc, judge, evaluator=curve,
+                      max_prompt_tokens=cfg.curate.max_tokens)  # curate dropped every longer question
     say(stage, f"{algorithm}: {c.steps} steps x {c.questions_per_step} questions x {c.group_size} samples"
                + (f" + {c.group_size} teacher answers" if ril and c.teacher_in_group else "")
                + f", trainable={c.trainable}" + (f"; resuming after step {resumed}" if resumed else ""))

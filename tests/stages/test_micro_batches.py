@@ -192,3 +192,84 @@ def test_sft_and_discriminator_gradients_do_not_depend_on_the_split(tiny_student
                                DiscPretrainConfig(steps=1, batch_size=6, micro_batch_tokens=tokens), seed=0)
         grads.append(list(step_grads))
     assert_same_grads(*grads)
+
+
+class EngineBeside:
+    """A rollout engine (vLLM's interface) that samples with the policy itself but reports every sampled token's
+    log-prob as `reported`: a stand-in for a bf16 engine whose distribution differs from the policy's."""
+
+    def __init__(self, policy, reported):
+        self.policy, self.reported, self.calls = policy, reported, []
+
+    def sample(self, processor, batch, images, sampling, n=1):
+        from protege.generation.transformers_backend import sample
+
+        out = sample(self.policy, processor, batch, sampling, n)
+        out.logprobs = torch.full(out.completion_mask.shape, self.reported)
+        return out
+
+    def sleep(self):
+        self.calls.append("sleep")
+
+    def wake_up(self):
+        self.calls.append("wake_up")
+
+    def sync_weights(self, model):
+        self.calls.append("sync")
+
+    def close(self):
+        self.calls.append("close")
+
+
+@pytest.mark.parametrize("tokens", [None, ONE_ROW])
+def test_truncated_importance_sampling_weights_the_engines_tokens(tiny_student, tiny_processor, tiny_world, tmp_path,
+                                                                 step_grads, monkeypatch, tokens):
+    """An engine that reports log-prob -100 for every sampled token: each weight min(pi_old / pi_engine, cap) is
+    the cap, so with no KL term the update's gradient is exactly cap times the uncorrected one; the engine
+    sleeps through the update and wakes for the weights after it."""
+    import protege.rl.loop as loop
+
+    rows = load_rows(tiny_world / "rl.parquet")[:6]
+    engines = []
+
+    def engine(cfg, policy, *args):
+        engines.append(EngineBeside(policy, -100.0))
+        return engines[-1]
+
+    monkeypatch.setattr(loop, "_rollout_engine", engine)
+    grads, logs = [], []
+    for correction in ("none", "tis"):
+        step_grads.clear()
+        cfg = RLConfig(**BASE, algorithm="dr_grpo", kl_beta=0.0, rollout_correction=correction, tis_cap=2.0,
+                       micro_batch_tokens=tokens)
+        run_rl(copy.deepcopy(tiny_student), None, tiny_processor, RLInputs(rows, judge=variety), cfg,
+               tmp_path / correction, seed=0, on_log=lambda s, m: logs.append(m))
+        grads.append(list(step_grads))
+    [none], [tis] = grads
+    for g0, g1 in zip(none, tis):
+        torch.testing.assert_close(g1, 2.0 * g0, rtol=1e-5, atol=1e-8)
+    assert "tis_weight_mean" not in logs[0] and logs[1]["tis_weight_mean"] == 2.0
+    assert logs[1]["tis_capped_fraction"] == 1.0 and logs[1]["rollout_logp_gap"] > 90
+    assert engines[-1].calls == ["sleep", "sync", "close"]
+
+
+def test_weights_reach_the_engine_one_tensor_at_a_time(tiny_student):
+    """A LoRA policy's weights for the engine: the merged W + scale * B A of each adapted module, made when its
+    turn comes; a plain policy's: its own tensors, not copies."""
+    import types
+
+    from protege.models.lora import add_lora, iter_merged_weights, merged_state_dict
+
+    plain = dict(iter_merged_weights(tiny_student))
+    assert all(plain[k].data_ptr() == v.data_ptr() for k, v in tiny_student.state_dict().items())
+    policy = add_lora(copy.deepcopy(tiny_student), rank=4, alpha=8, dropout=0.0, target_modules="auto")
+    for module in policy.modules():  # adapters that moved, so the merge differs from the base weights
+        if hasattr(module, "lora_B"):
+            for b in module.lora_B.values():
+                torch.nn.init.normal_(b.weight, std=0.1)
+    stream = iter_merged_weights(policy)
+    assert isinstance(stream, types.GeneratorType)
+    got, want = dict(stream), merged_state_dict(policy)
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert any(not torch.equal(want[k], v) for k, v in tiny_student.state_dict().items() if k in want)

@@ -96,3 +96,15 @@ def test_similarity_rewards():
     assert similarity_reward(d, "levels:3").tolist() == [1.0, 0.5, 0.5, 0.0]  # 1 - D rounded to {0, .5, 1}
     with pytest.raises(ValueError):
         similarity_reward(d, "levels:1")
+
+
+def test_rollout_importance_weights_are_truncated_and_leave_other_tokens_alone():
+    from protege.rl.losses import rollout_is_weights
+
+    logp_old = torch.tensor([[-1.0, -2.0, -3.0]])
+    logp_rollout = torch.tensor([[-1.5, -1.0, -9.0]])
+    sampled = torch.tensor([[1.0, 1.0, 0.0]])  # the last token was not the engine's (a teacher's, padding)
+    w = rollout_is_weights(logp_old, logp_rollout, sampled, cap=1.5)
+    # exp(0.5) = 1.6487 -> the cap 1.5; exp(-1) = 0.3679 kept; not sampled -> 1
+    assert torch.allclose(w, torch.tensor([[1.5, 0.36787944, 1.0]]))
+    assert not w.requires_grad
