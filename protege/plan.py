@@ -199,14 +199,15 @@ def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_by
     disc_update = (disc_params * b + disc_n * b + _optimizer(disc_n, b, r.backend, processes)) if ril else 0
     disc_idle = (disc_params * b + _optimizer(disc_n, b, r.backend, processes)) if ril else 0
     vllm = int(r.vllm_memory * device_bytes) if r.generation == "vllm" and device_bytes else 0
+    awake = 0 if r.vllm_sleep else vllm  # asleep (sleep mode) while the models update
     resident = 0 if r.offload_idle and r.backend == "torch" else ref + disc_idle
     base = {"weights": policy["weights"] * (processes if r.backend == "deepspeed" and r.zero_stage == 3 else 1),
-            "optimizer": policy["optimizer"], "vllm": vllm}
+            "optimizer": policy["optimizer"], "vllm": awake}
     kv = 0 if r.generation == "vllm" else _kv(shape, -(-r.questions_per_step * r.group_size // processes), seq, b)
     phases = {
-        "sampling": {**base, "kv_cache": kv, "reference": ref if resident else 0,
+        "sampling": {**base, "vllm": vllm, "kv_cache": kv, "reference": ref if resident else 0,
                      "discriminator": disc_idle if resident else 0},
-        "update": {**policy, "vllm": vllm, "reference": ref if resident else 0,
+        "update": {**policy, "vllm": awake, "reference": ref if resident else 0,
                    "discriminator": disc_idle if resident else 0},
     }
     if ref and not resident:
@@ -220,7 +221,7 @@ def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_by
     hints.update({"reference": "set rl.trainable: lora (the reference is the policy with its adapters off) or "
                                "rl.offload_idle: true", "discriminator": "set rl.disc_trainable: lora",
                   "kv_cache": "lower rl.questions_per_step or rl.max_new_tokens, or set rl.generation: vllm",
-                  "vllm": "lower rl.vllm_memory"})
+                  "vllm": "lower rl.vllm_memory, or set rl.vllm_sleep: true"})
     out.append(StagePlan("rl", {k: v for k, v in phases[phase].items() if v}, phase, hints))
 
     # agent_rl / tool_rl: episodes of max_turns turns (observation + answer each), a reference when kl_beta > 0

@@ -130,7 +130,8 @@ def score(model, traj: Trajectory, *, with_entropy: bool = False, with_hidden: b
         return Scored(logp * keep, entropy * keep if with_entropy else None, hidden)
     hidden = last[:, traj.start:-1]  # [N, L, H]
     h, targets = hidden[keep], targets_all[keep]  # [K, H], [K]
-    vocab = head.weight.shape[0] if getattr(head, "weight", None) is not None else head.out_features
+    # out_features: under ZeRO-3 the head's weight is this rank's partition (often empty) outside a forward
+    vocab = getattr(head, "out_features", None) or getattr(head.weight, "ds_shape", head.weight.shape)[0]
     chunk = max(1, LOGIT_CHUNK_BYTES // (4 * vocab))
     pieces = []
     for c in range(0, h.shape[0], chunk):
