@@ -21,7 +21,7 @@ import torch
 
 from protege.config import Config, discriminator_trainable
 from protege.errors import UserFacingError
-from protege.rollout.trajectory import LOGIT_CHUNK_BYTES
+from protege.models.logprobs import LOGIT_CHUNK_BYTES
 from protege.runtime.micro import ACTIVATION_SHARE_GPU, activation_bytes_per_token, text_shape
 
 GiB = 1 << 30

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from protege.data.rows import Row, image_path, read_table
+from protege.models.logprobs import scored_positions
 from protege.models.processor import StudentProcessor
 
 RULES = ("softmax", "stratified", "lowest")
@@ -47,10 +48,9 @@ def answer_logprobs(model, processor: StudentProcessor, rows: list[Row], batch_s
         chunk = rows[i:i + batch_size]
         batch = processor.encode_pairs([r.question for r in chunk], [r.image for r in chunk], [r.answer for r in chunk])
         mask = batch.pop("answer_mask")
-        logits = model(**batch).logits[:, :-1].float()  # position t predicts token t+1
-        targets = batch["input_ids"][:, 1:]
-        logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T-1]
-        m = (mask[:, 1:] == 1) & ~torch.isin(targets, stops)
+        targets = batch["input_ids"][:, 1:]  # position t predicts token t+1
+        m = (mask[:, 1:] == 1) & ~torch.isin(targets, stops)  # [B, T-1]
+        logp, _, _ = scored_positions(model, batch, 0, m)  # the answer's positions only, the head in chunks
         out += ((logp * m).sum(1) / m.sum(1).clamp(min=1)).tolist()
         if progress:
             progress(min(i + batch_size, len(rows)), len(rows))

@@ -10,13 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from protege.generation.transformers_backend import Completions
-
-# float32 logits of one chunk of scored positions (the softmax and its product need about as much again each):
-# a 152k vocabulary gives chunks of about 440 positions, so no [N, L, V] tensor ever exists for a whole batch
-LOGIT_CHUNK_BYTES = 256 << 20
+from protege.models.logprobs import logprobs_from_logits as full_logprobs
+from protege.models.logprobs import scored_positions
 
 
 @dataclass
@@ -83,69 +80,13 @@ class Scored:
     hidden: torch.Tensor | None = None   # [N, L, H] final hidden state each target is predicted from
 
 
-def _head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
-                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden: [K, H] at K scored positions, targets: [K] -> (log pi of the target [K], entropy [K]; zeros when
-    not asked for), through the LM head in float32. The entropy is a metric, computed without a graph: under
-    the backward pass's recompute a graph of it would keep each chunk's [K, V] softmax alive to the end."""
-    logp_all = torch.log_softmax(head(hidden).float(), dim=-1)  # [K, V]
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
-    return logp, entropy
-
-
-def _forward_hidden(model, traj: Trajectory):
-    """The last hidden state at every position [N, T, H], and the LM head it turns into logits through; the
-    model's own logits only for the last position (logits_to_keep=1). (None, None) when the head alone does
-    not reproduce the model's logits (a family that scales or caps them after the head)."""
-    head = model.get_output_embeddings()
-    try:
-        out = model(**traj.inputs, use_cache=False, output_hidden_states=True, logits_to_keep=1)
-    except TypeError:  # a forward without logits_to_keep
-        return None, None
-    last = out.hidden_states[-1]  # [N, T, H], after the final norm
-    if head is None or out.logits.shape[1] != 1:
-        return None, None
-    with torch.no_grad():  # checked on every forward: it costs one position per row
-        mine = head(last[:, -1:]).float()
-        theirs = out.logits[:, -1:].float()
-        scale = float(theirs.nan_to_num(0.0, 0.0, 0.0).abs().max().clamp(min=1))
-        if not torch.allclose(mine, theirs, rtol=1e-3, atol=1e-3 * scale, equal_nan=True):
-            return None, None
-    return last, head
-
-
 def score(model, traj: Trajectory, *, with_entropy: bool = False, with_hidden: bool = False) -> Scored:
     """log pi(x_{t+1} | x_<=t) at the scored positions (the loss mask), and the entropy there: the LM head runs
-    on chunks of those positions only (LOGIT_CHUNK_BYTES of float32 logits each), recomputed in the backward
-    pass rather than kept, so a forward's memory is its activations, never [N, L, V]."""
-    keep = traj.loss_mask.bool()  # [N, L]
-    targets_all = traj.inputs["input_ids"][:, traj.start + 1:]  # [N, L]
-    last, head = _forward_hidden(model, traj)
-    if last is None:  # the model's own logits, whole (a family whose head alone does not give them)
-        out = model(**traj.inputs, use_cache=False, output_hidden_states=with_hidden)
-        logp, entropy = logprobs_from_logits(out.logits, traj, with_entropy=True)
-        hidden = out.hidden_states[-1][:, traj.start:-1] if with_hidden else None
-        return Scored(logp * keep, entropy * keep if with_entropy else None, hidden)
-    hidden = last[:, traj.start:-1]  # [N, L, H]
-    h, targets = hidden[keep], targets_all[keep]  # [K, H], [K]
-    # out_features: under ZeRO-3 the head's weight is this rank's partition (often empty) outside a forward
-    vocab = getattr(head, "out_features", None) or getattr(head.weight, "ds_shape", head.weight.shape)[0]
-    chunk = max(1, LOGIT_CHUNK_BYTES // (4 * vocab))
-    pieces = []
-    for c in range(0, h.shape[0], chunk):
-        args = (head, h[c:c + chunk], targets[c:c + chunk], with_entropy)
-        pieces.append(checkpoint(_head_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
-                      else _head_logprobs(*args))
-    N, L = keep.shape
-    logp = torch.zeros(N, L, dtype=torch.float32, device=h.device)
-    entropy = torch.zeros(N, L, dtype=torch.float32, device=h.device) if with_entropy else None
-    if pieces:
-        logp = logp.index_put((keep,), torch.cat([p[0] for p in pieces]))
-        if with_entropy:
-            entropy = entropy.index_put((keep,), torch.cat([p[1] for p in pieces]))
-    return Scored(logp, entropy, hidden if with_hidden else None)
+    on chunks of those positions only (models/logprobs.py), so a forward's memory is its activations, never
+    [N, L, V]."""
+    logp, entropy, hidden = scored_positions(model, traj.inputs, traj.start, traj.loss_mask.bool(),
+                                             with_entropy=with_entropy, with_hidden=with_hidden)
+    return Scored(logp, entropy, hidden)
 
 
 def token_logprobs(model, traj: Trajectory, with_entropy: bool = False):
@@ -156,12 +97,7 @@ def token_logprobs(model, traj: Trajectory, with_entropy: bool = False):
 
 def logprobs_from_logits(logits: torch.Tensor, traj: Trajectory, with_entropy: bool = False):
     """The scored positions of a forward's logits [N, T, V]: log pi of each target [N, L] (and the entropy)."""
-    logp_all = torch.log_softmax(logits[:, traj.start:-1].float(), dim=-1)  # [N, L, V]
-    targets = traj.inputs["input_ids"][:, traj.start + 1:]  # [N, L]
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if not with_entropy:
-        return logp
-    return logp, -(logp_all.exp() * logp_all).sum(-1)
+    return full_logprobs(logits[:, traj.start:-1], traj.inputs["input_ids"][:, traj.start + 1:], with_entropy)
 
 
 def thought_sft_loss(logp: torch.Tensor, mask: torch.Tensor, tokens: float | None = None) -> torch.Tensor:

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-import protege.rollout.trajectory as trajectory
+import protege.models.logprobs as logprobs
 from protege.config import AgentConfig, DiscPretrainConfig, RLConfig, SFTConfig
 from protege.data.rows import load_rows
 from protege.models.discriminator import Discriminator
@@ -73,7 +73,7 @@ def test_chunked_scores_equal_the_full_log_softmax(tiny_student, tiny_processor,
     batch = tiny_processor.encode_pairs([r.question for r in rows], images, [r.sft_target for r in rows])
     traj = answer_trajectory(batch, images)
     vocab = tiny_student.get_output_embeddings().weight.shape[0]
-    monkeypatch.setattr(trajectory, "LOGIT_CHUNK_BYTES", 4 * vocab * 3)  # three positions per chunk
+    monkeypatch.setattr(logprobs, "LOGIT_CHUNK_BYTES", 4 * vocab * 3)  # three positions per chunk
     mine = score(tiny_student, traj, with_entropy=True)
     logits = tiny_student(**traj.inputs, use_cache=False).logits
     want_logp, want_ent = logprobs_from_logits(logits, traj, with_entropy=True)
