@@ -52,7 +52,9 @@ def budget_tokens(setting: int | None, model: torch.nn.Module, device: torch.dev
     if setting is not None:
         return setting
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    recompute = bool(getattr(model, "is_gradient_checkpointing", False))
+    # transformers 5 names it is_activation_checkpointing (is_gradient_checkpointing warns it is going away)
+    recompute = bool(getattr(model, "is_activation_checkpointing", None)
+                     if hasattr(model, "is_activation_checkpointing") else getattr(model, "is_gradient_checkpointing", False))
     per_token = activation_bytes_per_token(model.config, torch.finfo(dtype).bits // 8, recompute)
     return max(1, activation_budget(device) // max(per_token, 1))
 
