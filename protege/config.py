@@ -566,8 +566,13 @@ class GTRConfig(Section):
     """GTR-Turbo: the merge of the running job's checkpoints as a free teacher."""
     guidance: Literal["none", "sft", "kl"] = "none"
     # cumulative average | EMA | TIES over every task vector | TIES of the last merge and the new checkpoint with
-    # weights (k-1)/(k+3) and 1/(k+3) (GTR-Turbo's code; see rl/merged_teacher.py)
+    # weights (k-1)/k and 1/k (GTR-Turbo's code as it intends; see rl/merged_teacher.py)
     merge: Literal["average", "ema", "ties", "ties_running"] = "ties_running"
+    # a checkpoint joins the merge after every PPO epoch (GTR-Turbo's code saves one per epoch) or every update
+    merge_every: Literal["epoch", "update"] = "epoch"
+    # control arms: running (the merge goes on) | init (the teacher stays the warm start: a KL anchor to it) |
+    # first (the teacher stops after the first update's merge, which is what the code's teacher does as written)
+    teacher: Literal["running", "init", "first"] = "running"
     ema_alpha: float = Field(0.1, gt=0, le=1)
     ties_density: float = Field(0.8, gt=0, le=1)
     sft_coef: float = Field(1.0, ge=0, le=1000)      # weight of the CE on the merged model's thoughts
@@ -575,9 +580,13 @@ class GTRConfig(Section):
     # how the merged model samples the thoughts it teaches (GTR-Turbo's code: temperature 0.2, top-k 5)
     teacher_temperature: float = Field(0.2, gt=0, le=100)
     teacher_top_k: int = Field(5, ge=0, le=1_000_000)
-    # each turn's reward -= kl_coef * mean over its thought tokens of clamp(log pi - log pi_merged, 0, kl_clamp)
-    kl_coef: float = Field(1.0, ge=0, le=1000)
+    # each turn pays kl_coef * mean over its thought tokens of clamp(log pi - log pi_merged, 0, kl_clamp), in the
+    # reward's units: the code's coefficient 1 against a +10 success is 0.1 against the grid game's 1.0
+    kl_coef: float = Field(0.1, ge=0, le=1000)
     kl_clamp: float = Field(10.0, gt=0, le=1000)
+    # return: taken off that turn's return after the advantages are estimated (GTR-Turbo's code: it moves that
+    # turn's advantage and value target, no earlier turn's) | reward: off the turn's reward before estimation
+    kl_target: Literal["return", "reward"] = "return"
 
 
 class GTPOConfig(Section):

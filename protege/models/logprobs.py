@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from protege.models.precision import autocast_like
+
 # float32 logits of one chunk of scored positions (the softmax and its product need about as much again each):
 # a 152k vocabulary gives chunks of about 440 positions
 LOGIT_CHUNK_BYTES = 256 << 20
@@ -37,7 +39,7 @@ def forward_hidden(model, inputs: dict):
     last = out.hidden_states[-1]  # [N, T, H], after the final norm
     if head is None or out.logits.shape[1] != 1:
         return None, None
-    with torch.no_grad():  # checked on every forward: it costs one position per row
+    with torch.no_grad(), autocast_like(model):  # checked on every forward: it costs one position per row
         mine = head(last[:, -1:]).float()
         theirs = out.logits[:, -1:].float()
         scale = float(theirs.nan_to_num(0.0, 0.0, 0.0).abs().max().clamp(min=1))
@@ -72,10 +74,11 @@ def scored_positions(model, inputs: dict, start: int, keep: torch.Tensor, *, wit
     vocab = getattr(head, "out_features", None) or getattr(head.weight, "ds_shape", head.weight.shape)[0]
     chunk = max(1, LOGIT_CHUNK_BYTES // (4 * vocab))
     pieces = []
-    for c in range(0, h.shape[0], chunk):
-        args = (head, h[c:c + chunk], targets[c:c + chunk], with_entropy)
-        pieces.append(checkpoint(head_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
-                      else head_logprobs(*args))
+    with autocast_like(model):  # the head under the autocast the model's own forward uses (bf16 models)
+        for c in range(0, h.shape[0], chunk):
+            args = (head, h[c:c + chunk], targets[c:c + chunk], with_entropy)
+            pieces.append(checkpoint(head_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
+                          else head_logprobs(*args))
     N, L = keep.shape
     logp = torch.zeros(N, L, dtype=torch.float32, device=h.device)
     entropy = torch.zeros(N, L, dtype=torch.float32, device=h.device) if with_entropy else None

@@ -8,6 +8,7 @@ merged teacher) and peft wrappers all inherit it without each loop opening a con
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 
@@ -45,6 +46,20 @@ def enable_bf16_autocast(model: nn.Module) -> nn.Module:
         return model
     model.forward = types.MethodType(_autocast_forward(type(model).forward), model)
     return model
+
+
+def autocast_like(model: nn.Module):
+    """The autocast the model's own forward runs under, for a module of it called on its own (the LM head on
+    chunks of hidden states): bf16 autocast where the model (or the model a peft wrapper holds) has it and the
+    device computes bf16 natively; else nothing."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else None
+    if not any(getattr(m.forward, "bf16_autocast", False) for m in (model, inner) if m is not None):
+        return contextlib.nullcontext()
+    param = next(model.parameters(), None)
+    device_type = param.device.type if param is not None else "cpu"
+    if not bf16_native(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=torch.bfloat16)
 
 
 def with_precision(model: nn.Module, dtype_name: str) -> nn.Module:

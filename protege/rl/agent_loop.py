@@ -210,6 +210,8 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             logp_ref = logp_old
         if head is not None:
             _, targets = gae(rewards.turn, values, valid, rl.ppo.gamma, rl.ppo.lam)  # [E, Tmax] V's targets
+            if rewards.after is not None:  # a term on the returns after estimation moves the targets too
+                targets = targets + rewards.after * valid
             targets, n_turns = targets.to(device), float(valid.sum())
         aggregation = "dr_grpo" if rl.algorithm == "dr_grpo" else "grpo"  # gtpo and ppo average as grpo does
         for k in range(rl.ppo.epochs if head is not None else 1):
@@ -245,6 +247,9 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             if head is not None:
                 metrics["value_loss"] = v_loss
             updater.step()
+            with updater.gathered():
+                for term in guidance:
+                    term.after_epoch(policy, metrics)
 
         # 6. guidance terms follow the new weights (the merged teacher merges them in)
         with updater.gathered():

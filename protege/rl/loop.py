@@ -196,8 +196,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         with updater.gathered():
             student = complete(rollout, processor, prompts, [r.image for r in batch_rows], sampling, G)
         rollout_s = time.perf_counter() - t_rollout
-        if rollout is not policy:
-            rollout.sleep()  # its memory goes to the update; taken back before the next rollout
+        if callable(getattr(rollout, "sleep", None)):
+            rollout.sleep()  # a vLLM engine's memory goes to the update; taken back before the next rollout
         group, is_teacher, texts = build_group(student, prompts["input_ids"],
                                                teacher_texts if with_teachers else [[] for _ in batch_rows], processor, G)
         per_q = group.sequences.shape[0] // len(batch_rows)

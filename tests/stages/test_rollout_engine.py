@@ -60,7 +60,9 @@ def test_vllm_rollouts_follow_the_policy_through_syncs(tiny_student, tiny_proces
                on_log=lambda s, m: logs.append(m))
         runs[generation] = (policy.state_dict(), logs)
     [engine] = engines
-    assert engine.syncs == 3 and engine.closed and engine.engine_kw == {"memory": 0.25}
+    # the engine sleeps through updates and reports its log-probs for the importance weights (rl defaults)
+    assert engine.syncs == 3 and engine.closed
+    assert engine.engine_kw == {"memory": 0.25, "sleep": True, "logprobs": True}
     assert len(engine.images_seen) == 6 and all(im is not None for im in engine.images_seen)  # the pictures
     (w_t, logs_t), (w_v, logs_v) = runs["transformers"], runs["vllm"]
     assert any(not torch.equal(w_t[k], tiny_student.state_dict()[k]) for k in w_t)  # the run did learn

@@ -51,9 +51,13 @@ def test_gtpo_normalises_discounted_turn_returns():
 
 
 def test_the_algorithm_picks_the_estimator_unless_advantage_names_one():
-    assert estimator(RLConfig(algorithm="ril")) is ESTIMATORS["dr_grpo"]  # RIL's group of 2G, Dr.GRPO's advantage
-    assert estimator(RLConfig(algorithm="grpo")) is ESTIMATORS["grpo"]
-    assert estimator(AgentRLConfig(algorithm="gtpo", advantage="rloo")) is ESTIMATORS["rloo"]
+    def own(f):  # the module's estimate under the wrapper that adds Returns.after
+        return getattr(f, "__wrapped__", f)
+
+    assert own(estimator(RLConfig(algorithm="ril"))) is ESTIMATORS["dr_grpo"]  # RIL's 2G group, Dr.GRPO's advantage
+    assert own(estimator(RLConfig(algorithm="grpo"))) is ESTIMATORS["grpo"]
+    assert own(estimator(AgentRLConfig(algorithm="gtpo", advantage="rloo"))) is ESTIMATORS["rloo"]
+    assert estimator(AgentRLConfig(algorithm="ppo")) is ESTIMATORS["gae"]  # shifts before its normalisation
     with pytest.raises(UserFacingError, match="'ppo': no such estimator; known: dr_grpo, gae, grpo, grpo_batch, gtpo, rloo"):
         estimator(RLConfig(advantage="ppo"))
     with pytest.raises(ValueError, match="advantage"):
@@ -64,3 +68,30 @@ def test_every_estimator_module_is_registered_under_its_file_name():
     folder = Path(__import__("protege.rl.estimators", fromlist=["x"]).__file__).parent
     modules = {p.stem for p in folder.glob("*.py")} - {"__init__", "base"}
     assert modules == set(ESTIMATORS)
+
+
+def test_a_term_on_the_returns_moves_only_its_turns_advantage():
+    """GTR-Turbo's KL as its code adds it: after GAE, on the step's return. A penalty of 0.5 on turn 1 of
+    rewards [0, 1] (V = 0, gamma 0.9, lambda 0.95): GAE gives [0.855, 1.0], shifted [0.855, 0.5]; the same
+    penalty on the reward would also reach turn 0: [0.9 * 0.95 * 0.5, 0.5] = [0.4275, 0.5]."""
+    from protege.config import AgentRLConfig
+    from protege.rl.estimators import estimator
+    from protege.rl.estimators.base import Returns, shifted
+    from protege.rl.ppo import gae
+
+    cfg = AgentRLConfig(algorithm="ppo")
+    valid = torch.tensor([[True, True]])
+    after = torch.tensor([[0.0, -0.5]])
+    r = Returns(torch.tensor([[0.0, 1.0]]), valid, 1, values=torch.zeros(1, 2), after=after)
+    raw = shifted(gae(r.turn, r.values, valid, 0.9, 0.95)[0], r)
+    assert torch.allclose(raw, torch.tensor([[0.855, 0.5]]))
+    on_reward = gae(torch.tensor([[0.0, 0.5]]), torch.zeros(1, 2), valid, 0.9, 0.95)[0]
+    assert torch.allclose(on_reward, torch.tensor([[0.4275, 0.5]]))
+    # the estimator shifts before its batch normalisation, as the code shifts the returns it normalises
+    want = (raw - raw.mean()) / (raw.std() + 1e-4)
+    assert torch.allclose(estimator(cfg)(r, cfg), want, atol=1e-6)
+    # a group estimator: its own advantages, then the shift
+    grpo = AgentRLConfig(algorithm="grpo")
+    g = Returns(torch.tensor([[1.0], [0.0]]), torch.ones(2, 1, dtype=torch.bool), 2, after=torch.tensor([[-0.25], [0.0]]))
+    plain = estimator(grpo)(Returns(g.turn, g.valid, 2), grpo)
+    assert torch.allclose(estimator(grpo)(g, grpo), plain + torch.tensor([[-0.25], [0.0]]))

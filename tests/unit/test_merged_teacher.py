@@ -61,15 +61,38 @@ def test_ties_over_task_vectors_by_hand():
     assert len(m.task_vectors) == 3
 
 
-def test_ties_running_weighs_the_last_merge_against_the_new_checkpoint_by_hand():
+def test_ties_running_weighs_every_checkpoint_alike_by_hand():
     m = MergedTeacher({"w": torch.zeros(4)}, "ties_running", ties_density=0.5)
-    m.add({"w": torch.tensor([4.0, -1.0, 0.5, -3.0])})   # weights 0 and 1/4; trimmed to [4, 0, 0, -3]
-    assert torch.allclose(m.merged["w"], torch.tensor([1.0, 0.0, 0.0, -0.75]))  # a quarter of the way
-    m.add({"w": torch.tensor([-2.0, 0.1, 5.0, -1.0])})   # weights 1/5 and 1/5; trimmed: [1, 0, 0, -0.75], [-2, 0, 5, 0]
-    # elected signs of 0.2 * [1, 0, 0, -0.75] + 0.2 * [-2, 0, 5, 0] = [-0.2, 0, 1, -0.15]: [-, 0, +, -];
-    # the agreeing entries times their weights, not renormalised: [0.2 * -2, 0, 0.2 * 5, 0.2 * -0.75]
-    assert torch.allclose(m.merged["w"], torch.tensor([-0.4, 0.0, 1.0, -0.15]))
+    m.add({"w": torch.tensor([4.0, -1.0, 0.5, -3.0])})   # weights 0 and 1; trimmed to [4, 0, 0, -3]
+    assert torch.allclose(m.merged["w"], torch.tensor([4.0, 0.0, 0.0, -3.0]))  # M_1 = c_1 where TIES keeps it
+    m.add({"w": torch.tensor([-2.0, 0.1, 5.0, -1.0])})   # weights 1/2 and 1/2; trimmed: [4, 0, 0, -3], [-2, 0, 5, 0]
+    # elected signs of 0.5 * [4, 0, 0, -3] + 0.5 * [-2, 0, 5, 0] = [1, 0, 2.5, -1.5]: [+, 0, +, -];
+    # the agreeing entries times their weights, not renormalised: [0.5 * 4, 0, 0.5 * 5, 0.5 * -3]
+    assert torch.allclose(m.merged["w"], torch.tensor([2.0, 0.0, 2.5, -1.5]))
+    m.add({"w": torch.tensor([3.0, 0.0, 0.0, 3.0])})     # weights 2/3 and 1/3; trimmed: [2, 0, 2.5, -1.5], [3, 0, 0, 3]
+    # sum 2/3 * [2, 0, 2.5, -1.5] + 1/3 * [3, 0, 0, 3] = [7/3, 0, 5/3, 0]: a sum of 0 elects + (mergekit's
+    # rule: sum >= 0), so entry 3 keeps the new checkpoint's +3; kept: [2/3 * 2 + 1/3 * 3, 0, 2/3 * 2.5, 1/3 * 3]
+    assert torch.allclose(m.merged["w"], torch.tensor([7 / 3, 0.0, 5 / 3, 1.0]))
     assert m.task_vectors == []  # one running copy
+
+
+def test_the_control_arms_keep_their_teacher():
+    init = {"w": torch.zeros(2)}
+    anchored = MergedTeacher(init, "average", teacher="init")  # a KL anchor to the warm start
+    first = MergedTeacher(init, "average", teacher="first")   # stops after the first update's merge
+    for m in (anchored, first):
+        m.add({"w": torch.tensor([2.0, 4.0])})  # update 1, epoch 1
+        m.add({"w": torch.tensor([4.0, 0.0])})  # update 1, epoch 2
+        m.end_update()
+        m.add({"w": torch.tensor([9.0, 9.0])})  # update 2: not merged by either arm
+        m.end_update()
+    assert torch.equal(anchored.merged["w"], torch.zeros(2)) and anchored.count == 0
+    assert torch.equal(first.merged["w"], torch.tensor([3.0, 2.0])) and first.count == 2
+    tensors, extras = first.dump()
+    with pytest.raises(ValueError, match="the 'first' arm, this run's is 'running'"):
+        MergedTeacher(init, "average").load(tensors, extras)
+    with pytest.raises(ValueError, match="expected running, init or first"):
+        MergedTeacher(init, "average", teacher="frozen")
 
 
 @pytest.mark.parametrize("method", ["average", "ema", "ties", "ties_running"])

@@ -5,11 +5,14 @@ line below. Nothing else changes: the loops, the config check and the docs read 
 """
 from __future__ import annotations
 
+import functools
 from types import ModuleType
+
+import torch
 
 from protege.errors import UserFacingError
 from protege.rl.estimators import dr_grpo, gae, grpo, grpo_batch, gtpo, rloo  # the registry line: one module per estimator
-from protege.rl.estimators.base import Estimator, Returns
+from protege.rl.estimators.base import Estimator, Returns, shifted
 
 # every module imported above that defines `estimate`, under its module name
 ESTIMATORS: dict[str, Estimator] = {name: m.estimate for name, m in sorted(globals().items())
@@ -25,4 +28,11 @@ def estimator(cfg) -> Estimator:
     if name not in ESTIMATORS:
         raise UserFacingError(f"advantage {name!r}: no such estimator; known: {', '.join(sorted(ESTIMATORS))} "
                               "(modules of protege/rl/estimators)")
-    return ESTIMATORS[name]
+    est = ESTIMATORS[name]
+    if getattr(globals()[name], "SHIFTS_ITSELF", False):
+        return est
+    @functools.wraps(est)  # __wrapped__: the module's own estimate
+    def with_after(r: Returns, c) -> torch.Tensor:
+        return shifted(est(r, c), r)  # a term acting after estimation (Returns.after)
+
+    return with_after

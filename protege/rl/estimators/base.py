@@ -2,7 +2,8 @@
 
 E episodes in groups of G consecutive rows (the G plays of one layout, or one question's G answers plus, for
 RIL, its G teacher answers: a group of 2G). A single-turn answer is a one-turn episode (T = 1). Guidance terms
-(GTR-Turbo's KL penalty, GTPO's similarity shaping) have already been added to the rewards.
+(GTR-Turbo's KL penalty, GTPO's similarity shaping) have already been added to the rewards, or, for a term
+that acts after estimation (GTR-Turbo's KL as its code adds it), are in `after`.
 """
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ class Returns:
     group_size: int         # G: rows per group
     total: torch.Tensor | None = None  # [E] each episode's credited return; None: the sum of its turn rewards
     values: torch.Tensor | None = None  # [E, T] the value head's V of each turn's state (PPO), else None
+    # [E, T] added to each turn's return after the advantages are estimated: it moves that turn's advantage (and
+    # PPO's value target) and no earlier turn's. GAE adds it before its batch normalisation, as GTR-Turbo's code
+    # shifts the returns it then normalises; the group estimators after theirs.
+    after: torch.Tensor | None = None
 
     @property
     def episode(self) -> torch.Tensor:
@@ -34,6 +39,13 @@ class Returns:
 
 # (returns, the loop's RL config section) -> [E, T] advantage per (episode, turn), 0 where not valid
 Estimator = Callable[[Returns, Any], torch.Tensor]
+
+
+def shifted(adv: torch.Tensor, r: Returns) -> torch.Tensor:
+    """adv [E, T] plus the returns' `after` term on the valid turns."""
+    if r.after is None:
+        return adv
+    return adv + torch.where(r.valid, r.after.to(adv.dtype), torch.zeros((), dtype=adv.dtype))
 
 
 def on_every_turn(adv: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

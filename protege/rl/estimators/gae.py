@@ -6,14 +6,16 @@ import torch
 
 from protege.errors import UserFacingError
 from protege.rl.advantages import STD_EPS
-from protege.rl.estimators.base import Returns
+from protege.rl.estimators.base import Returns, shifted
 from protege.rl.ppo import gae
+
+SHIFTS_ITSELF = True  # `after` enters before the batch normalisation (see base.Returns)
 
 
 def estimate(r: Returns, cfg) -> torch.Tensor:
     p = getattr(cfg, "ppo", None)
     if r.values is None or p is None:
         raise UserFacingError("the gae advantage needs a value head: it is agent.rl.algorithm ppo's estimator")
-    adv, _ = gae(r.turn, r.values, r.valid, p.gamma, p.lam)  # [E, T]
+    adv = shifted(gae(r.turn, r.values, r.valid, p.gamma, p.lam)[0], r)  # [E, T]
     on = adv[r.valid]
     return torch.where(r.valid, (adv - on.mean()) / (on.std() + STD_EPS), torch.zeros_like(adv))  # [E, T]

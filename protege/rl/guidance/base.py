@@ -1,6 +1,6 @@
 """A guidance term steers an RL loop beside its own reward: GTR-Turbo's merged teacher (a KL penalty on the
 reward, or a cross-entropy on the teacher's thoughts), GTPO's similarity shaping of failed episodes. The loop
-calls every term at the same four points of a step, in the order they are listed; the defaults do nothing.
+calls every term at the same points of a step, in the order they are listed; the defaults do nothing.
 """
 from __future__ import annotations
 
@@ -44,8 +44,11 @@ class Guidance:
         as it comes, so a term's forward holds one micro-batch at a time); none: nothing this step."""
         return ()
 
+    def after_epoch(self, policy: torch.nn.Module, metrics: dict[str, float]) -> None:
+        """After each optimizer step of an update (PPO takes one per epoch; the others one per update)."""
+
     def after_update(self, policy: torch.nn.Module, metrics: dict[str, float]) -> None:
-        """After the optimizer step."""
+        """After the update's last optimizer step."""
 
     def finish(self, out_dir: Path, processor) -> None:
         """After the last step of the run."""

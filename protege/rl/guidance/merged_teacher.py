@@ -95,7 +95,7 @@ class MergedTeacherGuidance(Guidance):
                  sampling: Sampling, rng: random.Random, device: torch.device):
         self.teacher, self.gtr, self.processor, self.sampling, self.rng = teacher, gtr, processor, sampling, rng
         self.offload = device != CPU
-        self.merged = MergedTeacher(trainable_weights(policy), gtr.merge, gtr.ema_alpha, gtr.ties_density)
+        self.merged = MergedTeacher(trainable_weights(policy), gtr.merge, gtr.ema_alpha, gtr.ties_density, gtr.teacher)
         self.parts = {"merged_teacher": self.merged}
 
     def resumed(self) -> None:
@@ -116,6 +116,8 @@ class MergedTeacherGuidance(Guidance):
         if self.gtr.guidance != "kl":
             return returns
         cost = self.gtr.kl_coef * penalty  # [E, T]
+        if self.gtr.kl_target == "return":  # after estimation: this turn's advantage and value target only
+            return replace(returns, after=(-cost if returns.after is None else returns.after - cost))
         return replace(returns, turn=returns.turn - cost,
                        total=None if returns.total is None else returns.total - cost.sum(1))
 
@@ -136,10 +138,18 @@ class MergedTeacherGuidance(Guidance):
             yield self.gtr.sft_coef * share
         step.metrics.update(sft_loss=sft, teacher_parse_rate=thoughts.parsed / thoughts.contexts)
 
+    def after_epoch(self, policy: torch.nn.Module, metrics: dict[str, float]) -> None:
+        if self.gtr.merge_every == "epoch":
+            self.merged.add(trainable_weights(policy))
+            metrics["merge_s"] = metrics.get("merge_s", 0.0) + self.merged.seconds
+
     def after_update(self, policy: torch.nn.Module, metrics: dict[str, float]) -> None:
-        self.merged.add(trainable_weights(policy))
+        if self.gtr.merge_every == "update":
+            self.merged.add(trainable_weights(policy))
+            metrics["merge_s"] = self.merged.seconds
+        self.merged.end_update()
         self.merged.load_into(self.teacher)
-        metrics["merge_s"] = self.merged.seconds
+        metrics["merged_checkpoints"] = float(self.merged.count)
 
     def finish(self, out_dir: Path, processor) -> None:
         save_student(self.teacher, processor, out_dir / TEACHER_DIR)
