@@ -606,6 +606,10 @@ class PPOConfig(Section):
     clip_eps: float = Field(0.1, gt=0, lt=1)          # PPO's ratio clip (agent.rl.clip_eps is the GRPO family's)
     epochs: int = Field(4, ge=1, le=1000)             # passes over each step's episodes
     value_coef: float = Field(0.5, ge=0, le=1000)     # loss += value_coef * 0.5 * mean (V - GAE target)^2
+    # token: a ratio per token at temperature 1 | rl4vlm (RL4VLM's and GTR-Turbo's code): one ratio per output (turn)
+    # from thought_weight * its thought tokens' log-prob + its other tokens', at the sampling temperature
+    objective: Literal["token", "rl4vlm"] = "token"
+    thought_weight: float = Field(0.5, ge=0, le=100)
 
 
 class AgentRLConfig(SamplingConfig):
@@ -626,6 +630,7 @@ class AgentRLConfig(SamplingConfig):
     trainable: Literal["attention+embeddings+head", "all", "attention", "lora"] = "all"
     save_every: int = Field(10, ge=1, le=10_000_000, **affects(OUTPUTS))
     max_new_tokens: int = Field(48, ge=1, le=1_000_000)
+    repetition_penalty: float = Field(1.0, gt=0, le=100)  # RL4VLM's and GTR-Turbo's code sample with 1.2
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # deepspeed: ZeRO for the policy's update, in one process (episodes are played by one process)
     backend: Literal["torch", "deepspeed"] = "torch"
@@ -635,6 +640,15 @@ class AgentRLConfig(SamplingConfig):
     gtr: GTRConfig = GTRConfig()
     gtpo: GTPOConfig = GTPOConfig()
     ppo: PPOConfig = PPOConfig()
+
+    @model_validator(mode="after")
+    def _rl4vlm_objective(self):
+        if self.ppo.objective == "rl4vlm" and self.algorithm != "ppo":
+            raise ValueError("ppo.objective rl4vlm is PPO's objective: set algorithm: ppo")
+        if self.ppo.objective == "rl4vlm" and self.kl_beta > 0:
+            raise ValueError("ppo.objective rl4vlm has no KL term to the warm start (RL4VLM's code has none): "
+                             "set kl_beta: 0, or objective: token")
+        return self
 
     @model_validator(mode="after")
     def _ppo_on_torch(self):

@@ -16,11 +16,13 @@ LOGIT_CHUNK_BYTES = 256 << 20
 
 
 def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
-                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  with_entropy: bool, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden: [K, H] at K scored positions, targets: [K] -> (log pi of the target [K], entropy [K]; zeros when
-    not asked for), through the LM head in float32. The entropy is a metric, computed without a graph: under
-    the backward pass's recompute a graph of it would keep each chunk's [K, V] softmax alive to the end."""
-    logp_all = torch.log_softmax(head(hidden).float(), dim=-1)  # [K, V]
+    not asked for), through the LM head in float32, at `temperature` (the distribution a sampler at that
+    temperature draws from). The entropy is a metric, computed without a graph: under the backward pass's
+    recompute a graph of it would keep each chunk's [K, V] softmax alive to the end."""
+    logits = head(hidden).float()
+    logp_all = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)  # [K, V]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
@@ -58,14 +60,14 @@ def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, with_entro
 
 
 def scored_positions(model, inputs: dict, start: int, keep: torch.Tensor, *, with_entropy: bool = False,
-                     with_hidden: bool = False):
+                     with_hidden: bool = False, temperature: float = 1.0):
     """log pi(x_{t+1} | x_<=t) for t = start .. T-2 where `keep` [N, L] (L = T - 1 - start) is set, 0 elsewhere:
-    (logp [N, L] float32, entropy [N, L] or None (detached), hidden [N, L, H] or None)."""
+    (logp [N, L] float32, entropy [N, L] or None (detached), hidden [N, L, H] or None), at `temperature`."""
     targets_all = inputs["input_ids"][:, start + 1:]  # [N, L]
     last, head = forward_hidden(model, inputs)
     if last is None:  # the model's own logits, whole (a family whose head alone does not give them)
         out = model(**inputs, use_cache=False, output_hidden_states=with_hidden)
-        logp, entropy = logprobs_from_logits(out.logits[:, start:-1], targets_all, with_entropy=True)
+        logp, entropy = logprobs_from_logits(out.logits[:, start:-1] / temperature, targets_all, with_entropy=True)
         hidden = out.hidden_states[-1][:, start:-1] if with_hidden else None
         return logp * keep, (entropy * keep).detach() if with_entropy else None, hidden
     hidden = last[:, start:-1]  # [N, L, H]
@@ -76,7 +78,7 @@ def scored_positions(model, inputs: dict, start: int, keep: torch.Tensor, *, wit
     pieces = []
     with autocast_like(model):  # the head under the autocast the model's own forward uses (bf16 models)
         for c in range(0, h.shape[0], chunk):
-            args = (head, h[c:c + chunk], targets[c:c + chunk], with_entropy)
+            args = (head, h[c:c + chunk], targets[c:c + chunk], with_entropy, temperature)
             pieces.append(checkpoint(head_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
                           else head_logprobs(*args))
     N, L = keep.shape

@@ -36,14 +36,14 @@ from protege.rl.estimators import Returns, estimator
 from protege.rollout.games import Game, env_factory, is_tool, max_turns, sampling_for
 from protege.rl.gtpo import token_advantages
 from protege.rl.guidance.base import Guidance, Step
-from protege.rl.guidance.merged_teacher import MergedTeacherGuidance
+from protege.rl.guidance.merged_teacher import MergedTeacherGuidance, thought_mask
 from protege.rl.guidance.shaping import SimilarityShaping
-from protege.rl.losses import policy_loss
+from protege.rl.losses import output_ratio_loss, policy_loss
 from protege.rl.merged_teacher import teacher_copy
 from protege.rl.ppo import ValueHead, gae, scored_with_values, turn_values, value_loss
 from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
-from protege.rollout.trajectory import token_logprobs
+from protege.rollout.trajectory import score, token_logprobs
 from protege.errors import UserFacingError
 from protege.runtime.distributed import all_reduce_sum, barrier, check_ranks_agree, mean_over_ranks, world
 from protege.runtime.micro import budget_tokens, micro_batches
@@ -128,7 +128,11 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     params = select_trainable(policy, rl.trainable)
     # PPO: a value head on the policy's last hidden state, trained beside it by the same optimizer
     head = ValueHead(policy.config.get_text_config().hidden_size).to(device) if rl.algorithm == "ppo" else None
-    sampling = sampling_for(cfg, do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
+    sampling = sampling_for(cfg, do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
+                            repetition_penalty=rl.repetition_penalty)
+    # RL4VLM's objective scores outputs at the sampling temperature (its ratio is on that distribution)
+    per_output = head is not None and rl.ppo.objective == "rl4vlm"
+    ratio_t = rl.temperature if per_output else 1.0
     # before the updater: the merged teacher starts from the whole weights, which ZeRO-3 then partitions
     guidance = guidance_terms(rl, teacher, policy, processor, sampling, rng, device)
     section = "tool" if is_tool(cfg) else "agent"
@@ -187,6 +191,15 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         values = None  # [E, Tmax] PPO's V of each turn's state
         if head is not None:
             values = turn_values(torch.cat([o[2] for o in old]).cpu(), batch, E, T)
+        if per_output:  # one ratio per output: pi_old at the sampling temperature, each token's weight, its cell
+            ratio_old = logp_old
+            if ratio_t != 1.0:
+                with torch.no_grad():
+                    ratio_old = torch.cat([score(policy, part, temperature=ratio_t).logp for part in parts])
+            thought = thought_mask(batch, processor).to(device)  # [N, T-1]
+            out_weights = mask * (1 - thought + rl.ppo.thought_weight * thought)
+            cell = torch.where(mask.bool(), batch.owner.to(device).unsqueeze(1) * T + batch.turn.to(device).clamp(min=0),
+                               torch.full_like(batch.turn.to(device), -1))  # [N, T-1] each token's (episode, turn)
 
         # 3. rewards per turn and per episode; guidance terms shape them (GTPO's similarity bonus for failed
         # episodes on the last turn, GTR-Turbo `kl`'s clamped KL to the merged teacher on each turn)
@@ -221,11 +234,17 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
                 if head is None:
                     logp, v_tok = token_logprobs(policy, part), None
                 else:
-                    logp, _, v_tok = scored_with_values(policy, head, part)
-                share, part_stats = policy_loss(logp, logp_old[rows], logp_ref[rows], adv_tokens[rows],
-                                                mask[rows], clip_eps=rl.ppo.clip_eps if head is not None else rl.clip_eps,
-                                                kl_beta=rl.kl_beta, max_len=L_max, aggregation=aggregation,
-                                                rows=n_rows, tokens=n_tok)
+                    logp, _, v_tok = scored_with_values(policy, head, part, temperature=ratio_t)
+                if per_output:
+                    share, part_stats = output_ratio_loss(logp, ratio_old[rows], out_weights[rows], cell[rows],
+                                                          adv_turn.to(device).flatten(), rl.ppo.clip_eps,
+                                                          cells=float(valid.sum()))
+                    part_stats["kl"] = torch.zeros(())
+                else:
+                    share, part_stats = policy_loss(logp, logp_old[rows], logp_ref[rows], adv_tokens[rows], mask[rows],
+                                                    clip_eps=rl.ppo.clip_eps if head is not None else rl.clip_eps,
+                                                    kl_beta=rl.kl_beta, max_len=L_max, aggregation=aggregation,
+                                                    rows=n_rows, tokens=n_tok)
                 if head is not None:
                     v_part, held = turn_values(v_tok, part, E, T, with_found=True)
                     v_share = value_loss(v_part, targets, valid.to(device) & held, turns=n_turns)

@@ -81,6 +81,32 @@ def rollout_is_weights(logp_old: torch.Tensor, logp_rollout: torch.Tensor, sampl
     return torch.where(sampled.bool(), w, torch.ones_like(w)).detach()
 
 
+def output_ratio_loss(logp: torch.Tensor, logp_old: torch.Tensor, weights: torch.Tensor, cell: torch.Tensor,
+                      advantages: torch.Tensor, clip_eps: float,
+                      cells: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """RL4VLM's PPO objective (GTR-Turbo's code): one ratio per output (a policy turn),
+    r = exp(sum_t w_t (log pi_t - log pi_old_t)) with w = thought_weight on the thought's tokens and 1 on the
+    rest of the turn's, and -min(r A, clip(r, 1-eps, 1+eps) A) per output, averaged over outputs.
+
+    logp, logp_old, weights: [N, L] (weights 0 off the policy's tokens); cell: [N, L] each token's flat
+    (episode, turn) index, -1 off the policy's tokens; advantages: [C] per flat cell -> (scalar loss, detached
+    stats). For a micro-batch, `cells` is the whole batch's count of outputs: the loss is then its share.
+    """
+    on = cell >= 0
+    C = advantages.shape[0]
+    idx = cell[on]
+    seq = torch.zeros(C, dtype=logp.dtype, device=logp.device).index_add(0, idx, (weights * logp)[on])
+    seq_old = torch.zeros(C, dtype=logp.dtype, device=logp.device).index_add(0, idx, (weights * logp_old)[on])
+    present = torch.zeros(C, dtype=torch.bool, device=logp.device)
+    present[idx] = True
+    ratio = torch.exp(seq[present] - seq_old[present])  # [C'] the outputs this batch holds
+    adv = advantages[present]
+    unclipped, clipped = ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    per_output = -torch.minimum(unclipped, clipped)
+    n = float(present.sum()) if cells is None else max(float(cells), 1.0)
+    return per_output.sum() / n, {"clip_fraction": ((clipped < unclipped).float().sum() / n).detach()}
+
+
 def merged_kl_penalty(logp: torch.Tensor, logp_merged: torch.Tensor, thought: torch.Tensor, turn: torch.Tensor,
                       owner: torch.Tensor, episodes: int, turns: int, clamp_max: float = 10.0) -> torch.Tensor:
     """GTR-Turbo's KL guidance, per (episode, turn): the mean over that turn's thought tokens of

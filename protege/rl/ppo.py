@@ -25,10 +25,10 @@ class ValueHead(torch.nn.Module):
         return self.proj(hidden.float()).squeeze(-1)  # [..., H] -> [...]
 
 
-def scored_with_values(model, head: ValueHead, traj: Trajectory):
-    """One forward: log pi of every scored target token [N, L], the entropy there [N, L], and the value of the
-    state each target token is written from [N, L] (position t's hidden state predicts token t + 1)."""
-    s = score(model, traj, with_entropy=True, with_hidden=True)
+def scored_with_values(model, head: ValueHead, traj: Trajectory, temperature: float = 1.0):
+    """One forward: log pi of every scored target token [N, L] (at `temperature`), the entropy there [N, L], and
+    the value of the state each target token is written from [N, L] (position t's hidden state predicts t + 1)."""
+    s = score(model, traj, with_entropy=True, with_hidden=True, temperature=temperature)
     return s.logp, s.entropy, head(s.hidden)  # [N, L] each
 
 

@@ -80,12 +80,14 @@ class Scored:
     hidden: torch.Tensor | None = None   # [N, L, H] final hidden state each target is predicted from
 
 
-def score(model, traj: Trajectory, *, with_entropy: bool = False, with_hidden: bool = False) -> Scored:
+def score(model, traj: Trajectory, *, with_entropy: bool = False, with_hidden: bool = False,
+          temperature: float = 1.0) -> Scored:
     """log pi(x_{t+1} | x_<=t) at the scored positions (the loss mask), and the entropy there: the LM head runs
     on chunks of those positions only (models/logprobs.py), so a forward's memory is its activations, never
     [N, L, V]."""
     logp, entropy, hidden = scored_positions(model, traj.inputs, traj.start, traj.loss_mask.bool(),
-                                             with_entropy=with_entropy, with_hidden=with_hidden)
+                                             with_entropy=with_entropy, with_hidden=with_hidden,
+                                             temperature=temperature)
     return Scored(logp, entropy, hidden)
 
 

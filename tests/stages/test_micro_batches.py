@@ -136,25 +136,28 @@ def test_question_loop_gradients_do_not_depend_on_the_split(tiny_student, tiny_p
         assert m_micro[key] == pytest.approx(m_whole[key], rel=1e-4, abs=1e-6)
 
 
-def agent_cfg(algorithm, guidance="none", tokens=None):
+def agent_cfg(algorithm, guidance="none", tokens=None, objective="token"):
+    rl4vlm = objective == "rl4vlm"  # RL4VLM's sampling and objective: no KL term, a ratio at temperature 0.5 here
     return AgentConfig.model_validate({
         "grid": {"max_turns": 2},
         "rl": {"algorithm": algorithm, "steps": 1, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6,
-               "save_every": 1, "lr": 1e-3, "kl_beta": 0.04, "micro_batch_tokens": tokens,
+               "save_every": 1, "lr": 1e-3, "kl_beta": 0.0 if rl4vlm else 0.04, "micro_batch_tokens": tokens,
+               "temperature": 0.5 if rl4vlm else 1.0, "ppo": {"objective": objective},
                "gtr": {"guidance": guidance, "merge": "average"}},
         "eval_episodes": 2})
 
 
-@pytest.mark.parametrize("algorithm,guidance", [("ppo", "kl"), ("gtpo", "none"), ("grpo", "sft")])
+@pytest.mark.parametrize("algorithm,guidance,objective", [("ppo", "kl", "token"), ("gtpo", "none", "token"),
+                                                          ("grpo", "sft", "token"), ("ppo", "kl", "rl4vlm")])
 def test_multi_turn_loop_gradients_do_not_depend_on_the_split(tiny_student, tiny_processor, tmp_path, step_grads,
-                                                              algorithm, guidance):
+                                                              algorithm, guidance, objective):
     from tests.stages.test_agent_rl import VarietyEnv
 
     runs = []
     for tokens in (None, ONE_ROW):
         step_grads.clear()
         logs = []
-        run_agent_rl(copy.deepcopy(tiny_student), tiny_processor, agent_cfg(algorithm, guidance, tokens), 64,
+        run_agent_rl(copy.deepcopy(tiny_student), tiny_processor, agent_cfg(algorithm, guidance, tokens, objective), 64,
                      tmp_path / str(tokens), seed=0, on_log=lambda s, m: logs.append(m), new_env=VarietyEnv)
         runs.append((list(step_grads), logs[-1]))
     (whole, m_whole), (micro, m_micro) = runs

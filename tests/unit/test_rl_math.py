@@ -108,3 +108,27 @@ def test_rollout_importance_weights_are_truncated_and_leave_other_tokens_alone()
     # exp(0.5) = 1.6487 -> the cap 1.5; exp(-1) = 0.3679 kept; not sampled -> 1
     assert torch.allclose(w, torch.tensor([[1.5, 0.36787944, 1.0]]))
     assert not w.requires_grad
+
+
+def test_rl4vlm_objective_takes_one_ratio_per_output_with_the_thought_weighted():
+    """Two outputs (turns) of one row: tokens [t, t, a | t, a], weights 0.5 on thought tokens, 1 on the rest.
+    Output 0: log-prob moves +0.2 and +0.2 on thoughts, +0.4 on the action: 0.5 * 0.4 + 0.4 = 0.6, r = e^0.6
+    = 1.822, clipped at 1.1 with A = +1: -1.1. Output 1: -0.2 on its thought, 0 on the action: -0.1, r = 0.905,
+    A = -2: min(0.905 * -2, 0.9 * -2) = -1.81, so +1.81. Mean over the 2 outputs: (-1.1 + 1.81) / 2 = 0.355."""
+    from protege.rl.losses import output_ratio_loss
+
+    logp_old = torch.zeros(1, 5)
+    logp = torch.tensor([[0.2, 0.2, 0.4, -0.2, 0.0]], requires_grad=True)
+    weights = torch.tensor([[0.5, 0.5, 1.0, 0.5, 1.0]])
+    cell = torch.tensor([[0, 0, 0, 1, 1]])
+    adv = torch.tensor([1.0, -2.0])
+    loss, stats = output_ratio_loss(logp, logp_old, weights, cell, adv, clip_eps=0.1)
+    expected = (-1.1 + 2 * math.exp(-0.1)) / 2
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert stats["clip_fraction"].item() == pytest.approx(0.5)  # output 0's clip was active
+    loss.backward()  # output 0 is clipped (no gradient); output 1: d/dlogp of -(r * A) / 2 = -A r w / 2
+    g = 2 * math.exp(-0.1) / 2
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, 0.0, 0.0, 0.5 * g, g]]), atol=1e-6)
+    # as a micro-batch holding output 1 alone, its share of the 2-output batch
+    part, _ = output_ratio_loss(logp.detach()[:, 3:], logp_old[:, 3:], weights[:, 3:], cell[:, 3:], adv, 0.1, cells=2)
+    assert part.item() == pytest.approx(2 * math.exp(-0.1) / 2, abs=1e-6)
