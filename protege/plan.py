@@ -214,7 +214,7 @@ def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_by
         phases["reference pass"] = {**base, "reference": ref, "activations": policy["activations"] // 3,
                                     "logits": policy["logits"]}
     if ril:
-        phases["discriminator update"] = {**base, "discriminator": disc_update + (0 if not resident else 0),
+        phases["discriminator update"] = {**base, "discriminator": disc_update,
                                           "activations": policy["activations"],
                                           "reference": ref if resident else 0}
     phase = max(phases, key=lambda k: sum(phases[k].values()))

@@ -174,27 +174,27 @@ def test_sft_and_discriminator_gradients_do_not_depend_on_the_split(tiny_student
     from protege.train.disc_pretrain import Example, pretrain_discriminator
     from protege.train.sft import train_sft
 
+    def split_and_whole(train):  # the first step's gradients with the whole batch, then one row per forward
+        grads = []
+        for tokens in (None, ONE_ROW):
+            step_grads.clear()
+            train(tokens)
+            grads.append(list(step_grads))
+        return grads
+
     rows = load_rows(tiny_world / "train.parquet")
-    grads = []
-    for tokens in (None, ONE_ROW):
-        step_grads.clear()
-        train_sft(copy.deepcopy(tiny_student), tiny_processor, rows,
-                  SFTConfig(steps=1, batch_size=6, micro_batch_tokens=tokens), seed=0)
-        grads.append(list(step_grads))
-    assert_same_grads(*grads)
+    assert_same_grads(*split_and_whole(lambda tokens: train_sft(
+        copy.deepcopy(tiny_student), tiny_processor, rows,
+        SFTConfig(steps=1, batch_size=6, micro_batch_tokens=tokens), seed=0)))
 
     examples = [Example(r.id, r.question, r.image, r.answer if i % 2 else f"It is {r.answer}.", float(i % 2))
                 for i, r in enumerate(rows[:16])]
     torch.manual_seed(1)
     disc = Discriminator(copy.deepcopy(tiny_student.model))
     torch.nn.init.normal_(disc.head.weight, std=0.5)
-    grads = []
-    for tokens in (None, ONE_ROW):
-        step_grads.clear()
-        pretrain_discriminator(copy.deepcopy(disc), tiny_processor, examples,
-                               DiscPretrainConfig(steps=1, batch_size=6, micro_batch_tokens=tokens), seed=0)
-        grads.append(list(step_grads))
-    assert_same_grads(*grads)
+    assert_same_grads(*split_and_whole(lambda tokens: pretrain_discriminator(
+        copy.deepcopy(disc), tiny_processor, examples,
+        DiscPretrainConfig(steps=1, batch_size=6, micro_batch_tokens=tokens), seed=0)))
 
 
 class EngineBeside:
