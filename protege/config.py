@@ -280,7 +280,7 @@ class DataConfig(Section):
 
 
 class LoraSettings(Section):
-    """peft LoRA for `trainable: lora` (README "Post-train your own model" lists the defaults per family)."""
+    """peft LoRA for `trainable: lora` (docs/own-model.md lists the defaults per family)."""
     rank: int = Field(16, ge=1, le=4096)
     alpha: float = Field(32.0, gt=0, le=100_000)
     dropout: float = Field(0.05, ge=0, lt=1)
@@ -593,7 +593,7 @@ class GTPOConfig(Section):
     """GTPO (arXiv 2511.14846): turn-level discounted returns and code-similarity shaping of failed episodes."""
     gamma: float = Field(0.9, ge=0, le=1)             # R_ij = sum_{m>=j} gamma^(m-j) r_im
     # which returns a turn's is normalised against: the group's at the same turn index (turn j across the G
-    # episodes; the paper's text does not say, see README), the group's (all turns), or the batch's
+    # episodes; the paper's text does not say, see docs/gtpo.md), the group's (all turns), or the batch's
     scope: Literal["group", "batch", "turn"] = "turn"
     shaping_alpha: float = Field(0.5, ge=0, le=100)   # failed episode's final reward += alpha * mean cos to successes
     embedder: str | None = None                       # a local sentence-embedding model folder; null: hashing vectoriser

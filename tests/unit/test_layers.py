@@ -11,7 +11,7 @@ from tests.conftest import REPO
 LAYERS = {
     "foundation": ["protege", "protege.config", "protege.paths", "protege.files", "protege.errors",
                    "protege.stage_names", "protege.workspace", "protege.bench", "protege.provenance",
-                   "protege.dvc_lockfile"],
+                   "protege.dvc_lockfile", "protege.config_doc"],
     "models/data/world": ["protege.models", "protege.data", "protege.world", "protege.tools", "protege.merging",
                           "protege.rewards.judge", "protege.rewards.similarity", "protege.tracking"],
     "rollout/runtime": ["protege.generation", "protege.runtime", "protege.rollout", "protege.teachers",
