@@ -15,7 +15,7 @@ export PREFECT_HOME := $(CURDIR)/.prefect
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test results install clean-outputs serve stop
+.PHONY: demo test test-fast results install clean-outputs serve stop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,11 @@ $(HARNESSES): Makefile | $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP) $(HARNESSES)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The contributor's loop: the unit tests only (math, config, readers, scorers), in the main environment alone:
+# no harness install, no vLLM environment. CI runs `make test`.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
 
 # Local service mode: Prefect server + process worker + MLflow server on loopback (flows/service.py).
 serve: $(STAMP)
