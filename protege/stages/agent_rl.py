@@ -5,6 +5,7 @@ merged teacher), with bootstrap CIs, in reports/agent/summary.json; resumable li
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -44,6 +45,7 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
     """The whole recipe (the study runs it in its own folders): returns the summary with per-episode results.
     Under several processes every rank trains on its share of each step's layouts; rank 0 alone prepares the
     folder, evaluates, records and writes (the others return {})."""
+    t0 = time.perf_counter()
     lead = world()[0] == 0
     if not lead:
         mlrun = QuietRun()
@@ -92,6 +94,7 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
                             for part, rows in (("first_quarter", history[:k]), ("last_quarter", history[-k:]))}
         (root / layout.report).mkdir(parents=True, exist_ok=True)
         pd.DataFrame(history).to_csv(root / layout.report / "train_curve.csv", index=False)
+    summary["seconds"] = time.perf_counter() - t0
     return summary
 
 
@@ -107,7 +110,8 @@ def run_game(cfg: Config, game_cfg, root: Path, mlrun) -> None:
     flat = {f"{m}.{k}": summary[m][k] for m in ("start", "end", "merged_teacher") if m in summary
             for k in ("success_rate", "format_error_rate", "entropy", "turns_per_episode", *TOOL_FIGURES)
             if k in summary[m]}
-    write_stage_metrics(root, layout.rl_stage, {**flat, **summary.get("train", {})})
+    # seconds: what a study scales its expected time from (protege/study/estimate.py)
+    write_stage_metrics(root, layout.rl_stage, {**flat, **summary.get("train", {}), "seconds": summary["seconds"]})
 
 
 def run(cfg: Config, root: Path, run) -> None:

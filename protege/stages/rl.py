@@ -9,6 +9,7 @@ every rl.eval_every steps) goes to MLflow and to reports/rl/learning_curve.csv (
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -121,6 +122,7 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     """The RL run of `cfg.rl` with `algorithm`, from the SFT checkpoint into `out_rel` (checkpoints + resume
     state), its learning curve into `curve_rel`; logs to `run`, writes reports/stages/<stage>.json and
     returns that summary. Under several processes rank 0 alone prepares the folder, records and writes."""
+    t0 = time.perf_counter()
     lead = world()[0] == 0
     if not lead:
         run = QuietRun()
@@ -167,8 +169,9 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
         return {}
     drop_previous(out)
     run.log_model(saved[-1], model_name, params=tracked_params(c))
+    # seconds: what a study scales its expected time from (protege/study/estimate.py)
     summary = {"algorithm": algorithm, "checkpoints": len(saved), "resumed_after_step": resumed,
-               "processes": world()[1]}
+               "processes": world()[1], "seconds": time.perf_counter() - t0}
     if history:
         k = max(1, len(history) // 4)
         for key in ("reward", "answer_reward_student", "similarity_reward_student", "disc_accuracy"):

@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from protege import tracking
+from protege.config import ConfigError, load_config
 from protege.errors import UserFacingError
 from protege.paths import (
     AGENT_RL,
@@ -56,6 +57,7 @@ from protege.paths import (
     split_table,
 )
 from protege.stages.games import GAMES
+from protege.study import estimate
 from protege.study.spec import GAME_TASKS, RunSpec, Study, Suite, load_study
 
 RESULT = "result.json"
@@ -440,6 +442,31 @@ def run_key(study: Study, run: RunSpec) -> str:
     return f"{study.part}:{run.key}" if study.part else run.key
 
 
+def finished_record(study: Study, planned: Planned) -> estimate.Finished | None:
+    result = read_result(planned.folder)
+    if not result or result.get("fingerprint") != planned.fingerprint or not result.get("seconds"):
+        return None
+    return estimate.Finished(study.task, study.part, planned.run.train, float(result["seconds"]),
+                             estimate.work(planned.run.config, study.task))
+
+
+def expected_time(studies: list[Study], pending: list[tuple[Study, Planned]], finished: list[estimate.Finished],
+                  jobs: int, running: bool = False) -> str:
+    """The queue's expected wall time, from the finished runs or the project's own RL stage records."""
+    priors: dict[tuple[Path, str], float | None] = {}
+    for s in studies:
+        if (s.project, s.task) not in priors:
+            try:
+                params = load_config(s.project / "params.yaml")
+            except (ConfigError, OSError):
+                params = None
+            priors[s.project, s.task] = estimate.stage_rate(s.project, s.task, params) if params else None
+    times = [estimate.run_seconds(s.task, s.part, p.run.train, estimate.work(p.run.config, s.task), finished,
+                                  priors[s.project, s.task]) for s, p in pending]
+    line = estimate.describe(times, jobs, len(finished))
+    return line.replace(" to do,", " left,", 1) if running else line
+
+
 def run_study(study: Study | Suite, jobs: int = 1, isolated: bool = True) -> dict[str, Path]:
     """The whole study (or every part of a file with parts) without Prefect (the flow in flows/study.py does
     the same with one task per run): pending runs one by one (or `jobs` at once, each in its own process,
@@ -451,6 +478,7 @@ def run_study(study: Study | Suite, jobs: int = 1, isolated: bool = True) -> dic
     suite = study if isinstance(study, Suite) else None
     studies = suite.studies if suite else [study]
     pending: list[tuple[Study, Planned]] = []
+    finished: list[estimate.Finished] = []
     for s in studies:
         planned = plan(s)
         check_upstream(s, [p.run for p in planned if not p.finished])
@@ -458,10 +486,14 @@ def run_study(study: Study | Suite, jobs: int = 1, isolated: bool = True) -> dic
             if p.finished:
                 say(f"{run_key(s, p.run)}: finished earlier, skipped")
                 cleanup(s, p.folder)
+                if (record := finished_record(s, p)) is not None:
+                    finished.append(record)
             else:
                 pending.append((s, p))
+    say(expected_time(studies, pending, finished, jobs if isolated else 1))
     parents = {s.name: open_study(s) for s in studies}
     failed: dict[str, list[str]] = {s.name: [] for s in studies}
+    left = list(pending)
 
     def one(item: tuple[Study, Planned]) -> None:
         s, p = item
@@ -470,6 +502,11 @@ def run_study(study: Study | Suite, jobs: int = 1, isolated: bool = True) -> dic
         except Exception as exc:  # the other runs go on; the study reports what finished and fails
             failed[s.name].append(p.run.key)
             say(f"{run_key(s, p.run)}: FAILED: {exc}")
+        left.remove(item)
+        if (record := finished_record(s, p)) is not None:
+            finished.append(record)
+        if left:
+            say(expected_time(studies, left, finished, jobs if isolated else 1, running=True))
 
     try:
         with ExitStack() as stack:

@@ -1,0 +1,94 @@
+"""How long a study's pending runs will take, printed before the first one starts and again as runs finish.
+
+A run's cost is taken as proportional to its RL work, steps x rollouts per step (questions x samples, or
+layouts x plays). The rate (seconds per unit of work) comes, in order of preference, from the finished runs
+of the same study part, from finished runs of the same task anywhere in the file, or from the project's own
+RL stage (reports/stages/<stage>.json records its seconds, params.yaml its work). An evaluation-only run
+(`train: false`) costs what finished evaluation-only runs cost, or a twentieth of a trained run's estimate.
+With `jobs` runs at once the wall time is the sum over the jobs' shares, longest runs first.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from protege.config import Config
+from protege.paths import STAGE_METRICS
+
+RL_STAGE = {"qa": "rl", "agent": "agent_rl", "tool": "tool_rl"}
+EVAL_ONLY_SHARE = 0.05
+
+
+def work(cfg: Config, task: str) -> float:
+    """Rollouts the run's RL plays: steps x units per step."""
+    if task == "qa":
+        c = cfg.rl
+        return float(c.steps * c.questions_per_step * c.group_size)
+    c = getattr(cfg, task).rl
+    return float(c.steps * c.seeds_per_step * c.group_size)
+
+
+@dataclass(frozen=True)
+class Finished:
+    task: str
+    part: str | None
+    train: bool
+    seconds: float
+    work: float
+
+
+def stage_rate(project: Path, task: str, params: Config) -> float | None:
+    """Seconds per unit of work of the project's own RL stage for this task, or None when it left no record."""
+    try:
+        seconds = float(json.loads((project / STAGE_METRICS / f"{RL_STAGE[task]}.json").read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    units = work(params, task)
+    return seconds / units if units > 0 and seconds > 0 else None
+
+
+def run_seconds(task: str, part: str | None, train: bool, units: float, finished: list[Finished],
+                prior_rate: float | None) -> float | None:
+    """One pending run's estimate, or None when nothing measured can stand for it."""
+    def rate(rows: list[Finished]) -> float | None:
+        rates = [f.seconds / f.work for f in rows if f.train and f.work > 0]
+        return statistics.median(rates) if rates else None
+
+    same_part = [f for f in finished if f.task == task and f.part == part]
+    same_task = [f for f in finished if f.task == task]
+    if not train:
+        evals = [f.seconds for f in (same_part or same_task) if not f.train]
+        if evals:
+            return statistics.median(evals)
+    r = rate(same_part) or rate(same_task) or prior_rate
+    if r is None:
+        return None
+    return r * units if train else EVAL_ONLY_SHARE * r * units
+
+
+def wall_seconds(estimates: list[float], jobs: int) -> float:
+    """Longest first onto whichever of `jobs` lanes frees first: the queue's wall time."""
+    lanes = [0.0] * max(1, jobs)
+    for s in sorted(estimates, reverse=True):
+        lanes[lanes.index(min(lanes))] += s
+    return max(lanes)
+
+
+def describe(pending: list[float | None], jobs: int, finished: int) -> str:
+    """One line: how many runs, the expected wall time, what it rests on."""
+    known = [s for s in pending if s is not None]
+    head = f"{len(pending)} run(s) to do, {finished} finished earlier, {jobs} at a time"
+    if not pending:
+        return head
+    if not known:
+        return head + ": no time estimate yet (no finished run and no recorded RL stage to scale from)"
+    line = f"{head}: expected about {_minutes(wall_seconds(known, jobs))}"
+    if len(known) < len(pending):
+        line += f" for the {len(known)} run(s) with an estimate"
+    return line
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"

@@ -1,0 +1,58 @@
+"""The study's expected time: a run's cost scales with its RL work, the rate comes from the finished runs
+of the same part, then of the same task, then from the project's own RL stage; lanes share the queue."""
+import json
+
+from protege.config import Config
+from protege.paths import STAGE_METRICS
+from protege.study import estimate
+from protege.study.estimate import Finished, describe, run_seconds, stage_rate, wall_seconds, work
+
+
+def test_work_is_steps_times_rollouts_per_step():
+    cfg = Config.model_validate({"rl": {"steps": 10, "questions_per_step": 4, "group_size": 2},
+                                 "agent": {"rl": {"steps": 5, "seeds_per_step": 3, "group_size": 4}}})
+    assert work(cfg, "qa") == 80.0
+    assert work(cfg, "agent") == 60.0
+
+
+def test_the_rate_prefers_the_same_part_then_the_same_task_then_the_stage():
+    same_part = Finished("agent", "gtr", True, seconds=100.0, work=50.0)      # 2 s per unit
+    other_part = Finished("agent", "other", True, seconds=300.0, work=50.0)   # 6 s per unit
+    assert run_seconds("agent", "gtr", True, 10.0, [same_part, other_part], prior_rate=9.0) == 20.0
+    assert run_seconds("agent", "new", True, 10.0, [same_part, other_part], prior_rate=9.0) == 40.0  # median 4
+    assert run_seconds("agent", "gtr", True, 10.0, [], prior_rate=9.0) == 90.0
+    assert run_seconds("agent", "gtr", True, 10.0, [], prior_rate=None) is None
+    qa = Finished("qa", None, True, seconds=1000.0, work=10.0)
+    assert run_seconds("agent", "gtr", True, 10.0, [qa], prior_rate=None) is None  # another task's rate never
+
+
+def test_an_evaluation_run_costs_what_finished_ones_did_or_a_twentieth():
+    ev = Finished("qa", "ril", False, seconds=7.0, work=10.0)
+    trained = Finished("qa", "ril", True, seconds=100.0, work=10.0)
+    assert run_seconds("qa", "ril", False, 10.0, [ev, trained], None) == 7.0
+    assert run_seconds("qa", "ril", False, 10.0, [trained], None) == 5.0
+
+
+def test_wall_time_longest_first_over_lanes():
+    assert wall_seconds([10, 10, 10, 10], 2) == 20
+    assert wall_seconds([30, 10, 10, 10], 2) == 30
+    assert wall_seconds([5, 5], 1) == 10
+
+
+def test_describe_says_what_it_rests_on():
+    assert "expected about 1 min" in describe([30.0, 30.0], 1, 0)
+    assert "no time estimate yet" in describe([None], 2, 0)
+    line = describe([120.0, None], 2, 3)
+    assert "3 finished earlier" in line and "for the 1 run(s) with an estimate" in line
+    assert describe([3600.0 * 3], 1, 0).endswith("3.0 h")
+
+
+def test_stage_rate_reads_the_projects_rl_record(tmp_path):
+    cfg = Config.model_validate({"agent": {"rl": {"steps": 5, "seeds_per_step": 2, "group_size": 2}}})
+    assert stage_rate(tmp_path, "agent", cfg) is None
+    (tmp_path / STAGE_METRICS).mkdir(parents=True)
+    (tmp_path / STAGE_METRICS / "agent_rl.json").write_text(json.dumps({"seconds": 40.0}))
+    assert stage_rate(tmp_path, "agent", cfg) == 2.0
+    (tmp_path / STAGE_METRICS / "rl.json").write_text("{not json")
+    assert stage_rate(tmp_path, "qa", cfg) is None
+    assert estimate.RL_STAGE["tool"] == "tool_rl"
