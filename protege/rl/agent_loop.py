@@ -178,7 +178,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         # the loss's rows are the whole step's across ranks: DeepSpeed averages the ranks' gradients, so each
         # rank's share divides its own sum by (all rows / ranks) and the average is the global batch's mean
         n_rows = float(all_reduce_sum(torch.tensor(float(batch.n)))) / world_size
-        returns = torch.tensor([e.total_reward for e in eps])  # [E]
+        env_returns = torch.tensor([e.total_reward for e in eps])  # [E] each episode's return from the environment
         r_turn, valid = turn_rewards(eps)  # [E, Tmax] each
         E, T = r_turn.shape
 
@@ -201,16 +201,17 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             cell = torch.where(mask.bool(), batch.owner.to(device).unsqueeze(1) * T + batch.turn.to(device).clamp(min=0),
                                torch.full_like(batch.turn.to(device), -1))  # [N, T-1] each token's (episode, turn)
 
-        # 3. rewards per turn and per episode; guidance terms shape them (GTPO's similarity bonus for failed
-        # episodes on the last turn, GTR-Turbo `kl`'s clamped KL to the merged teacher on each turn)
+        # 3. rewards per turn, returns per episode (the words: estimators/base.py); guidance terms shape them
+        # (GTPO's similarity bonus for failed episodes on the last turn, GTR-Turbo `kl`'s clamped KL to the
+        # merged teacher on each turn)
         metrics: dict[str, float] = {}
         seen = Step(policy, eps, batch, logp_old, mask, device, metrics, parts, tokens_per_forward)
-        rewards = Returns(r_turn, valid, G, total=returns, values=values)
+        returns = Returns(r_turn, valid, G, total=env_returns, values=values)
         for term in guidance:
-            rewards = term.shape(seen, rewards)
+            returns = term.shape(seen, returns)
 
         # 4. the estimator's advantage per (episode, turn), spread over that turn's tokens
-        adv_turn = advantage(rewards, rl)  # [E, Tmax]
+        adv_turn = advantage(returns, rl)  # [E, Tmax]
         adv_tokens = token_advantages(adv_turn.to(device), batch.owner.to(device), batch.turn.to(device), mask)
 
         # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy), + guidance terms (GTR-Turbo `sft`: CE on
@@ -222,9 +223,9 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         else:
             logp_ref = logp_old
         if head is not None:
-            _, targets = gae(rewards.turn, values, valid, rl.ppo.gamma, rl.ppo.lam)  # [E, Tmax] V's targets
-            if rewards.after is not None:  # a term on the returns after estimation moves the targets too
-                targets = targets + rewards.after * valid
+            _, targets = gae(returns.turn, values, valid, rl.ppo.gamma, rl.ppo.lam)  # [E, Tmax] V's targets
+            if returns.after is not None:  # a term on the returns after estimation moves the targets too
+                targets = targets + returns.after * valid
             targets, n_turns = targets.to(device), float(valid.sum())
         aggregation = "dr_grpo" if rl.algorithm == "dr_grpo" else "grpo"  # gtpo and ppo average as grpo does
         for k in range(rl.ppo.epochs if head is not None else 1):
@@ -288,7 +289,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             n_tok = float(mask.sum())
             metrics.update({
                 "entropy": float((entropy * mask).sum() / max(n_tok, 1.0)),
-                "reward": float(rewards.episode.mean()), "return": float(returns.mean()),
+                "reward": float(returns.episode.mean()), "return": float(env_returns.mean()),  # after / before guidance
                 "loss": loss, "kl_ref": stats["kl"], "micro_batches": float(len(parts)),
                 "clip_fraction": stats["clip_fraction"], "rollout_s": rollout_s, "step_s": seconds,
                 "lr": updater.optimizer.param_groups[0]["lr"],

@@ -224,7 +224,6 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                             tokens_per_forward)
         for term in guidance:
             returns = term.shape(seen, returns)
-        rewards = returns.episode  # [B]
 
         # 4. group-relative advantages (a group: a question's G answers, + its G teacher answers for RIL)
         adv = advantage(returns, cfg).flatten()  # [B]: one-turn episodes
@@ -308,7 +307,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             mask = mask.cpu()
             s_rows, t_rows = ~traj.is_teacher, traj.is_teacher  # [B] student rows, teacher rows
             metrics.update({
-                "reward": rewards[s_rows].mean().item(), "answer_reward_student": answer[s_rows].mean().item(),
+                "reward": returns.episode[s_rows].mean().item(), "answer_reward_student": answer[s_rows].mean().item(),
                 "loss": loss, "kl": stats["kl"], "clip_fraction": stats["clip_fraction"],
                 "entropy": entropy_sum / max(n_tok, 1.0), "micro_batches": float(len(parts)),
                 "response_length": float(mask[s_rows].sum() / max(int(s_rows.sum()), 1)),
