@@ -29,7 +29,7 @@ from protege.rollout.trajectory import Trajectory
 
 @dataclass
 class Step:
-    """What a guidance term sees of one step, after the rollout and the policy's forward."""
+    """What a guidance term sees of one step of the multi-turn loop, after the rollout and the policy's forward."""
     policy: torch.nn.Module
     episodes: list[Episode]
     batch: Trajectory            # the episodes packed for training (N rows)
