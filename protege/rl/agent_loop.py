@@ -126,24 +126,28 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     teacher = teacher_copy(policy) if gtr.guidance != "none" else None
     policy.to(device)
     params = select_trainable(policy, rl.trainable)
-    # PPO: a value head on the policy's last hidden state, trained beside it by the same optimizer
-    head = ValueHead(policy.config.get_text_config().hidden_size).to(device) if rl.algorithm == "ppo" else None
+    # the update, chosen here once: PPO or a group-relative one (grpo, dr_grpo, gtpo). PPO adds a value head on the
+    # policy's last hidden state, trained beside it by the same optimizer (its loss joins the policy's, towards
+    # GAE's targets), takes ppo.epochs optimizer steps per RL step at ppo.clip_eps, and under ppo.objective rl4vlm
+    # takes one ratio per output; a group-relative update takes one step at rl.clip_eps
+    ppo = rl.algorithm == "ppo"
+    head = ValueHead(policy.config.get_text_config().hidden_size).to(device) if ppo else None
+    epochs, clip_eps = (rl.ppo.epochs, rl.ppo.clip_eps) if ppo else (1, rl.clip_eps)
     sampling = sampling_for(cfg, do_sample=True, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
                             repetition_penalty=rl.repetition_penalty)
     # RL4VLM's objective scores outputs at the sampling temperature (its ratio is on that distribution)
-    per_output = head is not None and rl.ppo.objective == "rl4vlm"
+    per_output = ppo and rl.ppo.objective == "rl4vlm"
     ratio_t = rl.temperature if per_output else 1.0
     # before the updater: the merged teacher starts from the whole weights, which ZeRO-3 then partitions
     guidance = guidance_terms(rl, teacher, policy, processor, sampling, rng, device)
     section = "tool" if is_tool(cfg) else "agent"
     # the schedule counts RL steps: PPO's ppo.epochs optimizer steps per RL step share one rate
-    per_step = rl.ppo.epochs if head is not None else 1
-    updater = make_updater(rl.backend, policy, params + ([] if head is None else list(head.parameters())), rl.lr,
+    updater = make_updater(rl.backend, policy, params + (list(head.parameters()) if ppo else []), rl.lr,
                            rl.zero_stage, device, key=f"{section}.rl.backend",
                            lr_lambda=None if rl.schedule == "constant" and not rl.warmup_steps
-                           else (lambda i: lr_factor(i // per_step, rl)))
+                           else (lambda i: lr_factor(i // epochs, rl)))
     parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
-    if head is not None:
+    if ppo:
         parts["value_head"] = Weights(head)
     for term in guidance:
         parts.update(term.parts)
@@ -178,18 +182,18 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         # the loss's rows are the whole step's across ranks: DeepSpeed averages the ranks' gradients, so each
         # rank's share divides its own sum by (all rows / ranks) and the average is the global batch's mean
         n_rows = float(all_reduce_sum(torch.tensor(float(batch.n)))) / world_size
-        returns = torch.tensor([e.total_reward for e in eps])  # [E]
+        env_returns = torch.tensor([e.total_reward for e in eps])  # [E] each episode's return from the environment
         r_turn, valid = turn_rewards(eps)  # [E, Tmax] each
         E, T = r_turn.shape
 
         # pi_old: the policy that played the episodes scores them once, micro-batch by micro-batch (PPO: with V)
         with torch.no_grad():
-            old = [scored_with_values(policy, head, part) if head is not None
+            old = [scored_with_values(policy, head, part) if ppo
                    else (*token_logprobs(policy, part, with_entropy=True), None) for part in parts]
         logp_old = torch.cat([o[0] for o in old])  # [N, T-1]
         entropy = torch.cat([o[1] for o in old])  # [N, T-1]
         values = None  # [E, Tmax] PPO's V of each turn's state
-        if head is not None:
+        if ppo:
             values = turn_values(torch.cat([o[2] for o in old]).cpu(), batch, E, T)
         if per_output:  # one ratio per output: pi_old at the sampling temperature, each token's weight, its cell
             ratio_old = logp_old
@@ -201,16 +205,17 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             cell = torch.where(mask.bool(), batch.owner.to(device).unsqueeze(1) * T + batch.turn.to(device).clamp(min=0),
                                torch.full_like(batch.turn.to(device), -1))  # [N, T-1] each token's (episode, turn)
 
-        # 3. rewards per turn and per episode; guidance terms shape them (GTPO's similarity bonus for failed
-        # episodes on the last turn, GTR-Turbo `kl`'s clamped KL to the merged teacher on each turn)
+        # 3. rewards per turn, returns per episode (the words: estimators/base.py); guidance terms shape them
+        # (GTPO's similarity bonus for failed episodes on the last turn, GTR-Turbo `kl`'s clamped KL to the
+        # merged teacher on each turn)
         metrics: dict[str, float] = {}
         seen = Step(policy, eps, batch, logp_old, mask, device, metrics, parts, tokens_per_forward)
-        rewards = Returns(r_turn, valid, G, total=returns, values=values)
+        returns = Returns(r_turn, valid, G, total=env_returns, values=values)
         for term in guidance:
-            rewards = term.shape(seen, rewards)
+            returns = term.shape(seen, returns)
 
         # 4. the estimator's advantage per (episode, turn), spread over that turn's tokens
-        adv_turn = advantage(rewards, rl)  # [E, Tmax]
+        adv_turn = advantage(returns, rl)  # [E, Tmax]
         adv_tokens = token_advantages(adv_turn.to(device), batch.owner.to(device), batch.turn.to(device), mask)
 
         # 5. loss terms: clipped surrogate (+ k3 KL to the SFT policy), + guidance terms (GTR-Turbo `sft`: CE on
@@ -221,31 +226,31 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
                 logp_ref = torch.cat([token_logprobs(frozen, part) for part in parts])
         else:
             logp_ref = logp_old
-        if head is not None:
-            _, targets = gae(rewards.turn, values, valid, rl.ppo.gamma, rl.ppo.lam)  # [E, Tmax] V's targets
-            if rewards.after is not None:  # a term on the returns after estimation moves the targets too
-                targets = targets + rewards.after * valid
+        if ppo:
+            _, targets = gae(returns.turn, values, valid, rl.ppo.gamma, rl.ppo.lam)  # [E, Tmax] V's targets
+            if returns.after is not None:  # a term on the returns after estimation moves the targets too
+                targets = targets + returns.after * valid
             targets, n_turns = targets.to(device), float(valid.sum())
         aggregation = "dr_grpo" if rl.algorithm == "dr_grpo" else "grpo"  # gtpo and ppo average as grpo does
-        for k in range(rl.ppo.epochs if head is not None else 1):
+        for k in range(epochs):
             loss, stats, v_loss = 0.0, {"kl": 0.0, "clip_fraction": 0.0}, 0.0
             for span, part in zip(spans, parts):
                 rows = slice(span.start, span.stop)
-                if head is None:
+                if not ppo:
                     logp, v_tok = token_logprobs(policy, part), None
                 else:
                     logp, _, v_tok = scored_with_values(policy, head, part, temperature=ratio_t)
                 if per_output:
                     share, part_stats = output_ratio_loss(logp, ratio_old[rows], out_weights[rows], cell[rows],
-                                                          adv_turn.to(device).flatten(), rl.ppo.clip_eps,
+                                                          adv_turn.to(device).flatten(), clip_eps,
                                                           cells=float(valid.sum()))
                     part_stats["kl"] = torch.zeros(())
                 else:
                     share, part_stats = policy_loss(logp, logp_old[rows], logp_ref[rows], adv_tokens[rows], mask[rows],
-                                                    clip_eps=rl.ppo.clip_eps if head is not None else rl.clip_eps,
+                                                    clip_eps=clip_eps,
                                                     kl_beta=rl.kl_beta, max_len=L_max, aggregation=aggregation,
                                                     rows=n_rows, tokens=n_tok)
-                if head is not None:
+                if ppo:
                     v_part, held = turn_values(v_tok, part, E, T, with_found=True)
                     v_share = value_loss(v_part, targets, valid.to(device) & held, turns=n_turns)
                     v_loss += float(v_share.detach())
@@ -263,7 +268,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
                         raise FloatingPointError(f"agent RL guidance loss is {extra.item()} at step {step}")
                     updater.backward(extra)
                     loss += float(extra.detach())
-            if head is not None:
+            if ppo:
                 metrics["value_loss"] = v_loss
             updater.step()
             with updater.gathered():
@@ -288,7 +293,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             n_tok = float(mask.sum())
             metrics.update({
                 "entropy": float((entropy * mask).sum() / max(n_tok, 1.0)),
-                "reward": float(rewards.episode.mean()), "return": float(returns.mean()),
+                "reward": float(returns.episode.mean()), "return": float(env_returns.mean()),  # after / before guidance
                 "loss": loss, "kl_ref": stats["kl"], "micro_batches": float(len(parts)),
                 "clip_fraction": stats["clip_fraction"], "rollout_s": rollout_s, "step_s": seconds,
                 "lr": updater.optimizer.param_groups[0]["lr"],

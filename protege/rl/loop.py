@@ -26,7 +26,8 @@ from protege.rewards.judge import rule_judge
 from protege.paths import checkpoint_dir, checkpoints
 from protege.rl.estimators import Returns, estimator
 from protege.rollout.group import build_group
-from protege.rl.guidance.discriminator import DiscriminatorSimilarity, QuestionStep
+from protege.rl.guidance.base import Guidance, QuestionStep
+from protege.rl.guidance.discriminator import DiscriminatorSimilarity
 from protege.rl.losses import policy_loss, rollout_is_weights
 from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
@@ -69,6 +70,12 @@ def _teacher_draw(answers: list[tuple[str, str]], cfg: RLConfig, G: int, rng: ra
     if not pool:
         return []
     return rng.sample(pool, G) if len(pool) >= G else [rng.choice(pool) for _ in range(G)]
+
+
+def guidance_terms(cfg: RLConfig, inputs: RLInputs, processor: StudentProcessor,
+                   device: torch.device) -> list[Guidance]:
+    """The question loop's guidance terms, in the order they shape the rewards: RIL's discriminator similarity."""
+    return [DiscriminatorSimilarity(inputs.discriminator, cfg, processor, device)] if cfg.algorithm == "ril" else []
 
 
 def eval_due(step: int, cfg: RLConfig) -> bool:
@@ -129,8 +136,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     params = select_trainable(policy, cfg.trainable)
     updater = make_updater(cfg.backend, policy, params, cfg.lr, cfg.zero_stage, device)  # constant LR, as in RIL
     tokens_per_forward = budget_tokens(cfg.micro_batch_tokens, policy, device)
-    # guidance terms: RIL's discriminator similarity
-    guidance = [DiscriminatorSimilarity(inputs.discriminator, cfg, processor, device)] if ril else []
+    guidance = guidance_terms(cfg, inputs, processor, device)
     # what exact resume brings back, by name (the file names of a state folder)
     parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
     for term in guidance:
@@ -164,6 +170,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
     start, cursor = run.resume()
     order: list[int] = cursor.get("order", [])
     saved = checkpoints(out_dir) if start > 1 else []
+    for term in guidance if start > 1 else []:
+        term.resumed()
 
     # who samples: the policy itself, or a vLLM engine started from its current (possibly resumed) weights
     rollout = _rollout_engine(cfg, policy, processor, updater, seed, rank, world_size, start, inputs.max_prompt_tokens)
@@ -179,6 +187,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
 
     if start == 1:
         after_update(0)
+    step = start - 1
     for step in range(start, cfg.steps + 1):
         t0 = time.perf_counter()
         # 1. questions for this step (epoch-wise shuffle)
@@ -211,10 +220,10 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         else:
             answer = torch.tensor(inputs.judge([r.question for r in owners], [r.answer for r in owners], texts))
         returns = Returns.single_turn(answer, per_q)
-        seen = QuestionStep(batch_rows, student.texts, teacher_texts, is_teacher, metrics)
+        seen = QuestionStep(batch_rows, student.texts, teacher_texts, is_teacher, metrics, policy, device,
+                            tokens_per_forward)
         for term in guidance:
             returns = term.shape(seen, returns)
-        rewards = returns.episode  # [B]
 
         # 4. group-relative advantages (a group: a question's G answers, + its G teacher answers for RIL)
         adv = advantage(returns, cfg).flatten()  # [B]: one-turn episodes
@@ -233,6 +242,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             sampled = mask.cpu() * (~is_teacher).float().unsqueeze(1)
         parts = [traj.select(rows_, processor) if len(rows_) < traj.n else traj
                  for rows_ in micro_batches(traj.n, traj.width, tokens_per_forward)]
+        seen.batch, seen.parts = traj, parts
         logp_ref = [None] * len(parts)
         if cfg.kl_beta > 0:  # with no KL term the reference forward would be wasted
             with torch.no_grad(), reference(policy, ref, device, offload_ref) as ref_model:
@@ -266,7 +276,19 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             entropy_sum += float((scored.entropy.detach() * m).sum())
             for k in stats:
                 stats[k] += float(part_stats[k])
-        updater.step()
+        for term in guidance:  # guidance terms' losses, as micro-batch shares
+            for extra in term.loss(seen):
+                if not torch.isfinite(extra):
+                    raise FloatingPointError(f"RL guidance loss is {extra.item()} at step {step}")
+                updater.backward(extra)
+                loss += float(extra.detach())
+        updater.step()  # the update's one optimizer step (mu = 1): guidance terms follow the new weights
+        if guidance:
+            with updater.gathered():  # whole weights under ZeRO-3 (collective)
+                for term in guidance:
+                    term.after_epoch(policy, metrics)
+                for term in guidance:
+                    term.after_update(policy, metrics)
         update_s = time.perf_counter() - t_update
         if rollout is not policy:  # the engine samples the next step: it wakes and gets the updated weights now
             with updater.gathered():
@@ -285,7 +307,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             mask = mask.cpu()
             s_rows, t_rows = ~traj.is_teacher, traj.is_teacher  # [B] student rows, teacher rows
             metrics.update({
-                "reward": rewards[s_rows].mean().item(), "answer_reward_student": answer[s_rows].mean().item(),
+                "reward": returns.episode[s_rows].mean().item(), "answer_reward_student": answer[s_rows].mean().item(),
                 "loss": loss, "kl": stats["kl"], "clip_fraction": stats["clip_fraction"],
                 "entropy": entropy_sum / max(n_tok, 1.0), "micro_batches": float(len(parts)),
                 "response_length": float(mask[s_rows].sum() / max(int(s_rows.sum()), 1)),
@@ -307,4 +329,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         rollout.close()
     with updater.gathered():
         check_ranks_agree(policy, "rl")  # several processes: each rank's weights equal rank 0's
+    if step >= cfg.steps and rank == 0:
+        for term in guidance:
+            term.finish(out_dir, processor)
+    barrier()
     return saved

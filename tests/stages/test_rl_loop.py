@@ -16,6 +16,7 @@ from protege.config import RLConfig
 from protege.data.rows import load_rows
 from protege.errors import UserFacingError
 from protege.models.discriminator import Discriminator
+from protege.rl.guidance.base import Guidance
 from protege.rl.loop import RLInputs, run_rl
 from tests.conftest import REPO
 
@@ -354,3 +355,65 @@ def test_no_kl_term_needs_no_reference_and_changes_no_weight(tiny_student, tiny_
     with pytest.raises(ValueError, match="rl.kl_beta > 0 needs a reference model"):
         run_rl(copy.deepcopy(tiny_student), None, tiny_processor, RLInputs(rows), RLConfig(**BASE), tmp_path / "c",
                seed=0)
+
+
+class Recorder(Guidance):
+    """A guidance term that writes down which of its hooks its loop calls. Its loss is one share of 1000 on a
+    tensor of its own: it reaches no weight, and only the step's logged loss shows it was added."""
+
+    def __init__(self, calls: list[str]):
+        self.calls = calls
+
+    def resumed(self):
+        self.calls.append("resumed")
+
+    def shape(self, step, returns):
+        self.calls.append("shape")
+        return returns
+
+    def loss(self, step):
+        self.calls.append("loss")
+        yield torch.tensor(1000.0, requires_grad=True)
+
+    def after_epoch(self, policy, metrics):
+        self.calls.append("after_epoch")
+
+    def after_update(self, policy, metrics):
+        self.calls.append("after_update")
+
+    def finish(self, out_dir, processor):
+        self.calls.append("finish")
+
+
+@pytest.mark.parametrize("loop,algorithm,epochs", [("question", "dr_grpo", 1), ("agent", "grpo", 1),
+                                                   ("agent", "ppo", 2)])
+def test_both_loops_call_every_guidance_hook(tiny_student, tiny_processor, rows, tmp_path, monkeypatch, loop,
+                                             algorithm, epochs):
+    """Two steps, killed after the first and resumed: each step shapes, adds the loss, follows every optimizer
+    step and the update; the resumed run says so first and the finished run calls finish once."""
+    from protege.config import PPOConfig
+    from protege.rl import agent_loop, loop as question_loop
+    from tests.stages.test_agent_rl import VarietyEnv, tiny_cfg
+
+    calls, logs = [], []
+    module = question_loop if loop == "question" else agent_loop
+    own = module.guidance_terms
+    monkeypatch.setattr(module, "guidance_terms", lambda *a: own(*a) + [Recorder(calls)])
+    if loop == "question":
+        cfg = RLConfig(**{**BASE, "steps": 2, "save_every": 1}, algorithm=algorithm)
+        run = lambda **kw: run_rl(copy.deepcopy(tiny_student), copy.deepcopy(tiny_student), tiny_processor,
+                                  RLInputs(rows), cfg, tmp_path / "out", seed=0, state_dir=tmp_path / "state", **kw)
+    else:
+        base = tiny_cfg(guidance="none")
+        cfg = base.model_copy(update={"rl": base.rl.model_copy(update={"algorithm": algorithm, "steps": 2,
+                                                                       "ppo": PPOConfig(epochs=epochs)})})
+        run = lambda **kw: agent_loop.run_agent_rl(copy.deepcopy(tiny_student), tiny_processor, cfg, 64,
+                                                   tmp_path / "out", seed=0, state_dir=tmp_path / "state",
+                                                   new_env=VarietyEnv, **kw)
+    step = ["shape", "loss"] + ["after_epoch"] * epochs + ["after_update"]
+    run(stop_after=1, on_log=lambda s, m: logs.append(m))
+    assert calls == step  # stopped early: no finish
+    run(on_log=lambda s, m: logs.append(m))
+    assert calls == step + ["resumed"] + step + ["finish"]
+    if epochs == 1:  # the logged loss is the last epoch's, and the guidance loss joins the first
+        assert all(m["loss"] > 999 for m in logs)

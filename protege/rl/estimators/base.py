@@ -4,6 +4,12 @@ E episodes in groups of G consecutive rows (the G plays of one layout, or one qu
 RIL, its G teacher answers: a group of 2G). A single-turn answer is a one-turn episode (T = 1). Guidance terms
 (GTR-Turbo's KL penalty, GTPO's similarity shaping) have already been added to the rewards, or, for a term
 that acts after estimation (GTR-Turbo's KL as its code adds it), are in `after`.
+
+Two words, one meaning each, here and in both loops: a *reward* is what one turn earns (the environment's or
+the judge's, after guidance terms; a single-turn answer is one turn); a *return* is what is earned from a turn
+to the end of its episode (GTPO and GAE discount it), and an episode's return, `[E]`, is the whole episode's:
+the sum of its turn rewards unless a term credits it otherwise (`total`). A `Returns` holds a batch's rewards
+and episode returns; the loops' and the hooks' variable `returns` is one.
 """
 from __future__ import annotations
 

@@ -3,8 +3,6 @@ the step's student answers (label 1) against its teacher answers (label 0), then
 forward; reward = w_sim * similarity(D) + w_answer * judge. With a fixed discriminator only the scoring runs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
@@ -12,21 +10,11 @@ from protege.data.rows import Row
 from protege.models.processor import StudentProcessor
 from protege.rewards.similarity import similarity_reward
 from protege.rl.estimators.base import Returns
-from protege.rl.guidance.base import Guidance
+from protege.rl.guidance.base import Guidance, QuestionStep
 from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.placement import CPU, to_device, visiting
 from protege.runtime.state import OptimizerState, Weights
 from protege.runtime.updaters import make_updater
-
-
-@dataclass
-class QuestionStep:
-    """What a guidance term sees of one step of the question loop."""
-    rows: list[Row]                   # this process's questions, in group order
-    student_texts: list[str]          # G per question
-    teacher_texts: list[list[str]]    # G per question (drawn across the chosen teachers)
-    is_teacher: torch.Tensor          # [rows of the group] bool: teacher answers inside the policy's group
-    metrics: dict[str, float]
 
 
 def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], per_question: int,
