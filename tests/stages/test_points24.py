@@ -53,7 +53,8 @@ def test_thought_mask_stops_at_the_points24_action(tiny_processor):
     tok, eos = tiny_processor.tokenizer, tiny_processor.eos_token_id
     prompt = tok("What is in the picture?", add_special_tokens=False)["input_ids"]
     out = tok("I see 3 and 4. Plan: 3*4. Action: *", add_special_tokens=False)["input_ids"] + [eos]
-    traj = pack(tiny_processor, [(prompt + out, [0] * len(prompt) + [1] * len(out), [0] * (len(prompt) + len(out)), [])])
+    ids = prompt + out
+    traj = pack(tiny_processor, [(ids, [0] * len(prompt) + [1] * len(out), [0] * len(ids), [])])
     targets, own = traj.inputs["input_ids"][0, 1:], traj.loss_mask[0].bool()
     cards = thought_mask(traj, tiny_processor, action_start_for(points24_cfg()))[0].bool()
     assert tok.decode(targets[cards].tolist()).strip() == "I see 3 and 4. Plan: 3*4."
