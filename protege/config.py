@@ -550,6 +550,25 @@ class GridEnvConfig(Section):
     success_reward: float = Field(1.0, ge=-1000, le=1000)
 
 
+class Points24EnvConfig(Section):
+    """The card game Points24 (protege/world/envs/points24.py, RL4VLM's gym-cards as GTR-Turbo plays it): make the
+    target from the cards in the image, one formula token per turn; face cards count 10."""
+    cards: Literal[4, 2] = 4                         # 4: + - * / ( ), target 24 | 2: + * only, target 12 (EZPoints)
+    target: int | None = Field(None, ge=1, le=1_000_000)  # null: the setting's own (24 with 4 cards, 12 with 2)
+    # tokens per episode, `=` included: at least the longest formula and `=` (12 with 4 cards, 4 with 2)
+    max_turns: int = Field(15, ge=4, le=1000)
+    correct_reward: float = Field(10.0, ge=-1000, le=1000)  # on `=` when the formula makes the target with every card
+    wrong_reward: float = Field(-1.0, ge=-1000, le=1000)    # a wrong `=`, an illegal token, no `=` by max_turns
+
+    @model_validator(mode="after")
+    def _formula_fits(self) -> "Points24EnvConfig":
+        need = {4: 12, 2: 4}[self.cards]
+        if self.max_turns < need:
+            raise ValueError(f"max_turns must be at least {need} with {self.cards} cards (the longest formula the "
+                             f"solver writes, and =), got {self.max_turns}")
+        return self
+
+
 class AgentSFTConfig(Section):
     """Warm start on the scripted solver's episodes (train seeds)."""
     episodes: int = Field(1500, ge=1, le=10_000_000)
@@ -667,12 +686,15 @@ class AgentRLConfig(SamplingConfig):
 
 
 class AgentConfig(Section):
-    """Multi-turn visual agent RL (GTR-Turbo): the grid game, warm start, RL, success-rate evaluation."""
-    env: Literal["grid"] = "grid"
+    """Multi-turn visual agent RL (GTR-Turbo): a game (grid navigation or the Points24 card game), warm start,
+    RL, success-rate evaluation."""
+    # the game: its settings are the section of the same name below
+    env: Literal["grid", "points24"] = "grid"
     # what the policy sees each turn: the current observation only (a Markov policy, as in GTR-Turbo's games)
     # or the whole conversation so far
     context: Literal["current", "full"] = "current"
     grid: GridEnvConfig = GridEnvConfig()
+    points24: Points24EnvConfig = Points24EnvConfig()
     sft: AgentSFTConfig = AgentSFTConfig()
     rl: AgentRLConfig = AgentRLConfig()
     eval_episodes: int = Field(200, ge=1, le=1_000_000, **affects(OUTPUTS))  # held-out seeds: the success rate

@@ -227,7 +227,7 @@ def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_by
     # agent_rl / tool_rl: episodes of max_turns turns (observation + answer each), a reference when kl_beta > 0
     for name, game in (("agent_rl", cfg.agent), ("tool_rl", cfg.tool)):
         a = game.rl
-        turns = getattr(getattr(game, "grid", None), "max_turns", None) or getattr(game.task, "max_turns", 4)
+        turns = getattr(getattr(game, game.env, None), "max_turns", None) or getattr(game.task, "max_turns", 4)
         seq = lengths.prompt + turns * (a.max_new_tokens + 64)
         rows = -(-a.seeds_per_step * a.group_size // processes)
         policy, hints = _policy_parts(shape, cfg, dtype_bytes=b, trainable=a.trainable, backend=a.backend,

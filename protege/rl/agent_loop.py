@@ -33,7 +33,7 @@ from protege.models.student import save_student
 from protege.paths import checkpoint_dir, checkpoints
 from protege.rollout.episodes import Episode, pack_episodes, play
 from protege.rl.estimators import Returns, estimator
-from protege.rollout.games import Game, env_factory, is_tool, max_turns, sampling_for
+from protege.rollout.games import Game, action_start_for, env_factory, is_tool, max_turns, sampling_for
 from protege.rl.gtpo import token_advantages
 from protege.rl.guidance.base import Guidance, Step
 from protege.rl.guidance.merged_teacher import MergedTeacherGuidance, thought_mask
@@ -64,15 +64,16 @@ def agent_fingerprint(cfg: Game, seed: int, inputs_digest: str = "") -> str:
 
 
 def guidance_terms(rl, teacher: torch.nn.Module | None, policy: torch.nn.Module, processor, sampling,
-                   rng: random.Random, device: torch.device) -> list[Guidance]:
+                   rng: random.Random, device: torch.device, action_start=None) -> list[Guidance]:
     """In the order they shape the rewards: GTPO's shaping first, then the merged teacher's KL penalty.
-    `teacher` is the starting policy's copy when rl.gtr.guidance is not none."""
+    `teacher` is the starting policy's copy when rl.gtr.guidance is not none; `action_start` is the game's
+    (where a thought ends; None: the grid game's)."""
     terms: list[Guidance] = []
     if rl.algorithm == "gtpo":
         terms.append(SimilarityShaping(rl.gtpo.shaping_alpha, rl.gtpo.embedder))
     if teacher is not None:
         teaching = replace(sampling, temperature=rl.gtr.teacher_temperature, top_k=rl.gtr.teacher_top_k)
-        terms.append(MergedTeacherGuidance(teacher, policy, rl.gtr, processor, teaching, rng, device))
+        terms.append(MergedTeacherGuidance(teacher, policy, rl.gtr, processor, teaching, rng, device, action_start))
     return terms
 
 
@@ -139,7 +140,8 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     per_output = ppo and rl.ppo.objective == "rl4vlm"
     ratio_t = rl.temperature if per_output else 1.0
     # before the updater: the merged teacher starts from the whole weights, which ZeRO-3 then partitions
-    guidance = guidance_terms(rl, teacher, policy, processor, sampling, rng, device)
+    guidance = guidance_terms(rl, teacher, policy, processor, sampling, rng, device,
+                              action_start=action_start_for(cfg))
     section = "tool" if is_tool(cfg) else "agent"
     # the schedule counts RL steps: PPO's ppo.epochs optimizer steps per RL step share one rate
     updater = make_updater(rl.backend, policy, params + (list(head.parameters()) if ppo else []), rl.lr,
@@ -200,7 +202,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             if ratio_t != 1.0:
                 with torch.no_grad():
                     ratio_old = torch.cat([score(policy, part, temperature=ratio_t).logp for part in parts])
-            thought = thought_mask(batch, processor).to(device)  # [N, T-1]
+            thought = thought_mask(batch, processor, action_start_for(cfg)).to(device)  # [N, T-1]
             out_weights = mask * (1 - thought + rl.ppo.thought_weight * thought)
             cell = torch.where(mask.bool(), batch.owner.to(device).unsqueeze(1) * T + batch.turn.to(device).clamp(min=0),
                                torch.full_like(batch.turn.to(device), -1))  # [N, T-1] each token's (episode, turn)

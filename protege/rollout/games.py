@@ -1,6 +1,8 @@
 """The multi-turn games the agent recipes train on, behind one face: an environment factory, the longest
-episode, and the scripted solver's episodes. `agent` (AgentConfig) is the grid game, `tool` (ToolConfig) the
-tool-use environment whose python blocks run in the sandbox."""
+episode, the scripted solver's episodes and where an output's action begins. `agent` (AgentConfig) is the game
+`agent.env` names (grid or points24: its class, params and solver come from protege.world.envs.ENVS, its
+settings from the section of that name), `tool` (ToolConfig) the tool-use environment whose python blocks run
+in the sandbox."""
 from __future__ import annotations
 
 import os
@@ -10,8 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from protege.config import AgentConfig, ToolConfig
 from protege.generation.transformers_backend import Sampling
-from protege.world.envs import GridParams, make_env, train_seed
-from protege.world.envs import expert_episode as grid_expert_episode
+from protege.world.envs import env_spec, make_params, train_seed
 
 Game = AgentConfig | ToolConfig
 
@@ -39,6 +40,16 @@ def tool_params(cfg: ToolConfig, image_size: int):
                       tool_output_chars=t.tool_output_chars)
 
 
+def game_params(cfg: AgentConfig, image_size: int):
+    """The agent game's params (GridParams, Points24Params, ...) from its config section (`agent.<env>`)."""
+    return make_params(cfg.env, image_size=image_size, **getattr(cfg, cfg.env).model_dump())
+
+
+def action_start_for(cfg: Game) -> Callable[[str], int | None]:
+    """Where the configured game's action part begins in an output (None: no action, all of it is thought)."""
+    return env_spec(cfg.env).action_start
+
+
 def env_factory(cfg: Game, image_size: int) -> Callable[[], object]:
     """A function building fresh environments of the configured game (one sandbox for all of them)."""
     if is_tool(cfg):
@@ -46,12 +57,13 @@ def env_factory(cfg: Game, image_size: int) -> Callable[[], object]:
 
         params, sandbox = tool_params(cfg, image_size), sandbox_for(cfg)
         return lambda: ToolEnv(params, sandbox)
-    return lambda: make_env(cfg.env, image_size=image_size, **cfg.grid.model_dump())
+    env_cls, params = env_spec(cfg.env).env, game_params(cfg, image_size)
+    return lambda: env_cls(params)
 
 
 def max_turns(cfg: Game) -> int:
     """The most policy turns an episode can have: tool calls plus the final answer, or the game's limit."""
-    return cfg.task.max_tool_calls + 1 if is_tool(cfg) else cfg.grid.max_turns
+    return cfg.task.max_tool_calls + 1 if is_tool(cfg) else getattr(cfg, cfg.env).max_turns
 
 
 def sampling_for(cfg: Game, **kw) -> Sampling:
@@ -71,5 +83,5 @@ def expert_episodes(cfg: Game, image_size: int, n: int) -> list[list]:
         # each episode waits on its sandboxed process: threads overlap those waits (the sandbox is thread-safe)
         with ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 1))) as pool:
             return list(pool.map(lambda i: expert_episode(params, train_seed(i), sandbox, slips[i]), range(n)))
-    params = GridParams(image_size=image_size, **cfg.grid.model_dump())
-    return [grid_expert_episode(params, train_seed(i)) for i in range(n)]
+    params, solver = game_params(cfg, image_size), env_spec(cfg.env).expert_episode
+    return [solver(params, train_seed(i)) for i in range(n)]

@@ -8,18 +8,18 @@ from pathlib import Path
 from protege.config import Config, tracked_params
 from protege.models.student import save_student
 from protege.paths import BASE_MODEL, TRAINING_STATES
-from protege.rollout.games import is_tool
+from protege.rollout.games import game_params, is_tool
 from protege.stages.common import inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import base_model_dir, load_model, log_start_model, model_path
 from protege.stages.games import GAMES
 from protege.train.agent_sft import train_agent_sft
 
 
-def _describe(g) -> str:
+def _describe(g, image_size: int) -> str:
     if is_tool(g):
         t = g.task
         return f"tool environment ({', '.join(t.kinds)}; at most {t.max_tool_calls} tool calls, sandboxed)"
-    return f"{g.env} {g.grid.size}x{g.grid.size}, {g.grid.walls} walls, at most {g.grid.max_turns} turns"
+    return f"{g.env} {game_params(g, image_size).describe()}"
 
 
 def run_game(cfg: Config, game_cfg, root: Path, mlrun) -> None:
@@ -27,12 +27,12 @@ def run_game(cfg: Config, game_cfg, root: Path, mlrun) -> None:
     game = "tool" if is_tool(game_cfg) else "agent"
     layout = GAMES[game]
     g, name = layout.config(cfg), layout.sft_stage
-    env_params = g.task.model_dump() if is_tool(g) else g.grid.model_dump()
+    env_params = g.task.model_dump() if is_tool(g) else getattr(g, g.env).model_dump()
     mlrun.log_params({"env": g.env, **env_params, **tracked_params(g.sft)}, f"{layout.section}.")
     start = base_model_dir(cfg, root)
     log_start_model(cfg, root, mlrun, start, "init")
     model, processor = load_model(cfg, start)
-    say(name, f"{g.sft.steps} steps x {g.sft.batch_size} of {g.sft.episodes} solver episodes ({_describe(g)})")
+    say(name, f"{g.sft.steps} steps x {g.sft.batch_size} of {g.sft.episodes} solver episodes ({_describe(g, cfg.world.image_size)})")
     state = root / TRAINING_STATES / name
     digest = cfg.model.digest if model_path(cfg, root) is not None else inputs_digest(root, [BASE_MODEL])
     summary = train_agent_sft(model, processor, g, cfg.world.image_size, cfg.seed,

@@ -1,6 +1,6 @@
 """The two multi-turn games' stage layout: which params section, warm start, checkpoints and report each uses.
-agent_sft / agent_rl train on the grid game (GTR-Turbo), tool_sft / tool_rl on the tool environment (GTPO);
-the recipes are shared."""
+agent_sft / agent_rl train on the agent game (`agent.env`: grid or points24; GTR-Turbo), tool_sft / tool_rl on
+the tool environment (GTPO); the recipes are shared."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -28,6 +28,9 @@ GRPO): variants may change `tool.rl.*`, `tool.eval_episodes` and `tool.eval_batc
 episode) or `entropy`. For `format_errors` and `runtime_errors` lower is better: a claim "A better than B"
 on them is reproduced when A has fewer.
 
+`requires: {agent.env: points24}` names settings params.yaml must already hold (what the shared warm start
+was made with): the study refuses to load otherwise, rather than silently run another game.
+
 A file with `parts:` holds several studies (each a body as above, under its own key; the file's `seeds`
 and `bootstrap` are every part's unless it sets its own). `protege study` runs all their runs in one
 queue and writes every part's claims in one table (`report:`, e.g. reports/results.md):
@@ -118,6 +121,9 @@ class StudyFile(_Strict):
     bootstrap: int = Field(1000, ge=100)
     keep_checkpoints: bool = False         # false: a finished run keeps its result files only
     common: dict[str, Any] = {}
+    # settings params.yaml must already hold (not overrides): what the shared warm start was made with, e.g.
+    # {agent.env: points24}; the study refuses to load otherwise
+    requires: dict[str, Any] = {}
     claims: list[ClaimSpec] = []
     services: dict[str, ServiceSpec] = {}
 
@@ -304,6 +310,20 @@ def _check_game_keys(task: str):
                                   f"project's warm start (models/{task}_sft), so variants may change "
                                   f"{allowed[0]}.*, {', '.join(allowed[1:])} only")
     return check
+
+
+def _check_requires(requires: dict, cfg: Config, shown: str, params_file: Path, task: str) -> None:
+    """Each `requires` setting must already be params.yaml's (resolved with its defaults)."""
+    dump = cfg.model_dump(mode="json")
+    for key, want in flatten(expand(requires, "requires", Path(shown))).items():
+        try:
+            have = _lookup(dump, key)
+        except (KeyError, TypeError):
+            raise ConfigError(f"{shown}: requires.{key}: no such setting") from None
+        if have != want:
+            rebuild = f"`dvc repro {task}_sft`" if task in GAME_TASKS else "`make demo`"
+            raise ConfigError(f"{shown}: requires {key}: {json.dumps(want)}, but {params_file} has "
+                              f"{json.dumps(have)}: set it there and rebuild the shared artifacts ({rebuild})")
 
 
 def _check_sections(overrides: dict, where: str, path: Path) -> None:
@@ -497,8 +517,9 @@ def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -
         raise ConfigError(f"{shown}: two services share a port: {ports}")
 
     params_file = project / "params.yaml"
-    load_config(params_file)  # the project's own params must be valid first (its message names that file)
+    project_cfg = load_config(params_file)  # the project's params must be valid first (its message names that file)
     params, _ = read_params(params_file)
+    _check_requires(spec.requires, project_cfg, shown, params_file, spec.task)
     common = expand(spec.common, "common", shown)
     check = _check_game_keys(spec.task) if spec.task in GAME_TASKS else _check_sections
     check(common, "common", shown)

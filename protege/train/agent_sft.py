@@ -1,4 +1,4 @@
-"""Warm start for agent RL (the grid game or the tool environment): supervised training on the scripted
+"""Warm start for agent RL (the agent game, grid or points24, or the tool environment): supervised training on the scripted
 solver's multi-turn episodes.
 
 An expert episode is laid out exactly as a played one (protege.rollout.episodes): observations as user turns,
@@ -48,7 +48,8 @@ def expert_as_episode(processor: StudentProcessor, turns, context: str = "full")
 def sft_fingerprint(cfg: Game, image_size: int, seed: int, inputs_digest: str = "") -> str:
     """What a warm start's result depends on: its own settings, the game that writes its episodes, the
     image size and the seed (logging and saving excluded)."""
-    game = cfg.model_dump(include={"env", "context", "grid", "task", "solver_slips"})
+    # the agent game's own section (agent.grid, agent.points24); the tool game's is its task
+    game = cfg.model_dump(include={"env", "context", cfg.env, "task", "solver_slips"})
     return fingerprint({"sft": result_params(cfg.sft), "game": game,
                         "image_size": image_size}, seed, inputs_digest)
 

@@ -184,3 +184,26 @@ def test_the_headline_study_file_loads_against_the_project_params(project):
     ril = suite.study("ril")
     visits = ril.find_run("ril", 1).config.rl.steps * ril.find_run("ril", 1).config.rl.questions_per_step
     assert visits == 9600 and suite.report_paths()["md"] == project / "reports/results.md"
+
+
+def test_a_study_can_require_what_the_warm_start_was_made_with(project):
+    """studies/gtr_turbo_points24.yaml needs params.yaml to play the card game (its warm start is the
+    project's): it refuses a grid project in one line, and loads once params.yaml says points24."""
+    import yaml
+
+    shutil.copy(REPO / "studies/gtr_turbo_points24.yaml", project / "p24.yaml")
+    with pytest.raises(ConfigError) as exc:
+        load_study(project / "p24.yaml", project)
+    msg = str(exc.value)
+    assert 'requires agent.env: "points24", but' in msg and '"grid"' in msg and "dvc repro agent_sft" in msg, msg
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["agent"]["env"] = "points24"
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    study = load_study(project / "p24.yaml", project)
+    run = study.find_run("gtr_kl", 1)
+    assert run.config.agent.env == "points24" and run.config.agent.rl.gtr.guidance == "kl"
+    assert run.config.agent.rl.gtr.kl_coef == 1.0 and run.config.agent.rl.max_new_tokens == 96
+    assert study.find_run("plain", 2).config.agent.rl.gtr.guidance == "none"
+    bad = (project / "p24.yaml").read_text().replace("requires: {agent.env: points24}", "requires: {agent.nope: 1}")
+    with pytest.raises(ConfigError, match="requires.agent.nope: no such setting"):
+        load_study(write(project, bad), project)

@@ -6,7 +6,7 @@ the merge after every step, and the last teacher is saved beside the checkpoints
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,9 +23,10 @@ from protege.rl.merged_teacher import MergedTeacher, trainable_weights
 from protege.rollout.trajectory import Trajectory, thought_sft_loss, token_logprobs
 from protege.runtime.micro import micro_batches
 from protege.runtime.placement import CPU, visiting
-from protege.world.envs import action_start
+from protege.world.envs import action_start as grid_action_start
 
 TEACHER_DIR = "merged-teacher"
+ActionStart = Callable[[str], int | None]  # where an output's action begins (the game's; None: all thought)
 
 
 @dataclass
@@ -43,9 +44,11 @@ def tokens_before(tok, ids: list[int], cut: int) -> int:
     return n
 
 
-def thought_mask(traj: Trajectory, processor: StudentProcessor) -> torch.Tensor:
+def thought_mask(traj: Trajectory, processor: StudentProcessor,
+                 action_start: ActionStart = grid_action_start) -> torch.Tensor:
     """[N, L] 1 on the thought tokens of each policy turn in `traj`: the turn's tokens before its action (the
-    end-of-turn token excluded), or all of them when the turn has no parseable action (all of it is thought)."""
+    end-of-turn token excluded), or all of them when the turn has no parseable action (all of it is thought).
+    `action_start` is the game's (protege.rollout.games.action_start_for)."""
     tok, stops = processor.tokenizer, set(processor.stop_token_ids)
     targets = traj.inputs["input_ids"][:, traj.start + 1:].cpu()  # [N, L]
     own, turn = traj.loss_mask.bool().cpu(), traj.turn.cpu()
@@ -62,7 +65,8 @@ def thought_mask(traj: Trajectory, processor: StudentProcessor) -> torch.Tensor:
 
 
 def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k: int, sampling: Sampling,
-                    rng: random.Random, device: torch.device) -> ThoughtBatch | None:
+                    rng: random.Random, device: torch.device,
+                    action_start: ActionStart = grid_action_start) -> ThoughtBatch | None:
     """GTR-Turbo `sft`: the merged teacher writes its own output for k observations of this step's episodes
     (the same contexts the policy answered); the tokens before its action are the targets."""
     turns = [(i, j) for i, e in enumerate(eps) for j in range(e.turns)]
@@ -89,11 +93,14 @@ def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k:
 
 class MergedTeacherGuidance(Guidance):
     """`teacher` is a plain copy of the starting policy (merged_teacher.teacher_copy), made before the policy
-    moves to its device; `policy` is the policy after its trainable parameters were chosen."""
+    moves to its device; `policy` is the policy after its trainable parameters were chosen; `action_start` is
+    the game's (where a thought ends; None: the grid game's)."""
 
     def __init__(self, teacher: torch.nn.Module, policy: torch.nn.Module, gtr, processor: StudentProcessor,
-                 sampling: Sampling, rng: random.Random, device: torch.device):
+                 sampling: Sampling, rng: random.Random, device: torch.device,
+                 action_start: ActionStart | None = None):
         self.teacher, self.gtr, self.processor, self.sampling, self.rng = teacher, gtr, processor, sampling, rng
+        self.action_start = action_start or grid_action_start
         self.offload = device != CPU
         self.merged = MergedTeacher(trainable_weights(policy), gtr.merge, gtr.ema_alpha, gtr.ties_density, gtr.teacher)
         self.parts = {"merged_teacher": self.merged}
@@ -109,7 +116,7 @@ class MergedTeacherGuidance(Guidance):
         # on the CPU: [N, L] per-token figures, whatever the device
         logp, mask, batch = step.logp.detach().cpu(), step.mask.cpu(), step.batch.to(torch.device("cpu"))
         E, T = returns.turn.shape
-        penalty = merged_kl_penalty(logp, logp_m, thought_mask(batch, self.processor), batch.turn, batch.owner,
+        penalty = merged_kl_penalty(logp, logp_m, thought_mask(batch, self.processor, self.action_start), batch.turn, batch.owner,
                                     E, T, self.gtr.kl_clamp).cpu() * returns.valid  # [E, T]
         step.metrics["kl_merged"] = float(((logp - logp_m) * mask).sum() / mask.sum().clamp(min=1))
         step.metrics["kl_penalty"] = float(penalty.sum() / returns.valid.sum().clamp(min=1))  # per turn
@@ -126,7 +133,7 @@ class MergedTeacherGuidance(Guidance):
             return
         with visiting(self.teacher, step.device, self.offload):
             thoughts = merged_thoughts(self.teacher, self.processor, step.episodes, self.gtr.sft_contexts,
-                                       self.sampling, self.rng, step.device)
+                                       self.sampling, self.rng, step.device, self.action_start)
         if thoughts is None:
             return
         batch, sft = thoughts.batch, 0.0

@@ -104,6 +104,9 @@ class GridParams:
     def cell_px(self) -> int:
         return self.image_size // self.size
 
+    def describe(self) -> str:
+        return f"{self.size}x{self.size}, {self.walls} walls, at most {self.max_turns} turns"
+
 
 @dataclass(frozen=True)
 class GridState:
