@@ -184,3 +184,24 @@ def test_the_headline_study_file_loads_against_the_project_params(project):
     ril = suite.study("ril")
     visits = ril.find_run("ril", 1).config.rl.steps * ril.find_run("ril", 1).config.rl.questions_per_step
     assert visits == 9600 and suite.report_paths()["md"] == project / "reports/results.md"
+
+
+def test_the_headline_claims_require_their_preconditions(project):
+    """GTR-Turbo's claims wait for plain RL's collapse and a leading teacher (the curve every 10 steps);
+    RIL's for a discriminator that separates and a similarity reward that starts in range."""
+    from protege.study.spec import load_suite
+
+    shutil.copy(REPO / "studies/headline.yaml", project / "headline.yaml")
+    suite = load_suite(project / "headline.yaml", project)
+    gtr, ril = suite.study("gtr_turbo"), suite.study("ril")
+    assert gtr.find_run("plain", 1).config.agent.rl.eval_every == 10
+    assert gtr.claims[0].requires == ("plain_thoughts_collapse", "teacher_leads")
+    collapse = next(p for p in gtr.preconditions if p.name == "plain_thoughts_collapse")
+    assert (collapse.variant, collapse.metric, collapse.ratio, collapse.window) == ("plain", "distinct_thoughts_per_state",
+                                                                                   0.5, 5)
+    auroc, sim = ril.preconditions
+    assert (auroc.metric, auroc.kind, auroc.threshold) == ("disc_pretrain.heldout_auroc", "above", 0.6)
+    assert (sim.metric, sim.kind, sim.lo, sim.hi, sim.at) == ("similarity_reward_student", "between", 0.3, 0.7, "first")
+    assert all(c.requires == ("disc_separates", "similarity_starts_in_range") for c in ril.claims)
+    shutil.copy(REPO / "studies/gtr_turbo.yaml", project / "gtr_turbo.yaml")
+    assert len(load_study(project / "gtr_turbo.yaml", project).preconditions) == 6
