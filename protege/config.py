@@ -648,6 +648,10 @@ class AgentRLConfig(SamplingConfig):
     # lora: fresh adapters (model.lora); the merged teacher merges the adapted weights W + scale * B A
     trainable: Literal["attention+embeddings+head", "all", "attention", "lora"] = "all"
     save_every: int = Field(10, ge=1, le=10_000_000, **affects(OUTPUTS))
+    # held-out curve: every eval_every steps (and the last) the policy and GTR-Turbo's merged teacher play the first
+    # eval_episodes held-out layouts greedily (eval_success, teacher_eval_success); 0: no curve
+    eval_every: int = Field(0, ge=0, le=10_000_000, **affects(OUTPUTS))
+    eval_episodes: int = Field(32, ge=1, le=1_000_000, **affects(OUTPUTS))
     max_new_tokens: int = Field(48, ge=1, le=1_000_000)
     repetition_penalty: float = Field(1.0, gt=0, le=100)  # RL4VLM's and GTR-Turbo's code sample with 1.2
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -156,6 +156,9 @@ stages:
       - reports/rl/learning_curve.csv:
           cache: false
           persist: true   # a resumed run keeps the points up to its state's step
+      - reports/rl/train_curve.csv:
+          cache: false
+          persist: true   # every step's figures; a resumed run keeps the rows up to its state's step
     metrics:
       - reports/stages/rl.json:
           cache: false
@@ -176,6 +179,9 @@ stages:
       - reports/rl_baseline/learning_curve.csv:
           cache: false
           persist: true
+      - reports/rl_baseline/train_curve.csv:
+          cache: false
+          persist: true   # every step's figures; a resumed run keeps the rows up to its state's step
     metrics:
       - reports/stages/rl_baseline.json:
           cache: false

@@ -59,6 +59,26 @@ def evaluate_agent(model, processor, cfg: Game, image_size: int, episodes: int |
     return {**out, "per_episode": rows}
 
 
+@torch.no_grad()
+def greedy_successes(model, processor, cfg: Game, image_size: int, episodes: int, device: torch.device | None = None,
+                     share: tuple[int, int] = (0, 1)) -> tuple[int, int]:
+    """(solved, played): greedy plays of held-out layouts (eval seeds 0..episodes-1; with `share` = (rank,
+    ranks) every ranks-th of them from rank), `cfg.eval_batch` at a time, with no scoring forward: the cheap
+    point of a curve during training."""
+    greedy = sampling_for(cfg, do_sample=False)
+    new_env = env_factory(cfg, image_size)
+    seeds = [eval_seed(i) for i in range(episodes)][share[0]::share[1]]
+    was_training = model.training
+    model.eval()
+    solved = 0
+    for lo in range(0, len(seeds), cfg.eval_batch):
+        part = seeds[lo:lo + cfg.eval_batch]
+        eps = play(model, processor, [new_env() for _ in part], part, greedy, device=device, context=cfg.context)
+        solved += sum(e.success for e in eps)
+    model.train(was_training)
+    return solved, len(seeds)
+
+
 def summary_markdown(summary: dict) -> str:
     """The agent_rl (or tool_rl) stage's summary.json as a short table."""
     tool = "runtime_error_rate" in summary.get("start", {})

@@ -38,9 +38,11 @@ from protege.rl.gtpo import token_advantages
 from protege.rl.guidance.base import Guidance, Step
 from protege.rl.guidance.merged_teacher import MergedTeacherGuidance, thought_mask
 from protege.rl.guidance.shaping import SimilarityShaping
+from protege.rl.held_out import held_out_point
 from protege.rl.losses import output_ratio_loss, policy_loss
 from protege.rl.merged_teacher import teacher_copy
 from protege.rl.ppo import ValueHead, gae, scored_with_values, turn_values, value_loss
+from protege.rl.thought_stats import thought_metrics
 from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.rollout.trajectory import score, token_logprobs
@@ -300,6 +302,9 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
                 "clip_fraction": stats["clip_fraction"], "rollout_s": rollout_s, "step_s": seconds,
                 "lr": updater.optimizer.param_groups[0]["lr"],
                 "tokens_per_episode": n_tok / len(eps)})
+            metrics.update(thought_metrics(eps, batch, entropy.cpu(), processor))  # thought collapse
+            if rl.eval_every and due(step, rl.eval_every, rl.steps):  # held-out curve: policy vs merged teacher
+                metrics.update(held_out_point(policy, guidance, processor, cfg, image_size, device, updater.gathered))
             metrics = mean_over_ranks(metrics)
             if on_log:
                 on_log(step, metrics)

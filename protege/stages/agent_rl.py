@@ -8,14 +8,12 @@ import json
 import time
 from pathlib import Path
 
-import pandas as pd
-
 from protege.config import Config, tracked_params
 from protege.eval.agent import evaluate_agent
 
 from protege.rl.agent_loop import agent_fingerprint, run_agent_rl
 from protege.rollout.games import is_tool
-from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
+from protege.stages.common import QuietRun, StepHistory, inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import load_model, with_lora
 from protege.stages.games import GAMES, GameLayout
 from protege.runtime.distributed import on_rank0, world
@@ -23,6 +21,7 @@ from protege.runtime.run_folder import drop_previous, prepare_out_dir
 
 STATE = "state"
 MERGED_TEACHER = "merged-teacher"
+TRAIN_CURVE = "train_curve.csv"  # in the game's report folder: one row per step
 
 
 TOOL_FIGURES = ("accuracy", "runtime_error_rate", "tool_calls_per_episode", "runtime_errors_per_call")
@@ -65,11 +64,12 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
                        if a.rl.algorithm == "gtpo" else "")
                     + (f", GTR-Turbo {g.guidance} guidance from the {g.merge} merge of its checkpoints" if g.guidance != "none" else "")
                     + (f"; resuming after step {resumed}" if resumed else ""))
-    history: list[dict] = []
+    # every step's figures (the thought-collapse figures, the held-out curve's points), kept across a resume
+    curve = StepHistory(root / layout.report / TRAIN_CURVE if lead else None, resumed)
     log_step = step_logger(layout.rl_stage, mlrun, every_print=max(1, a.rl.steps // 10))
 
     def log(step: int, metrics: dict) -> None:
-        history.append({"step": step, **metrics})
+        curve.add(step, metrics)
         log_step(step, metrics)
 
     saved = run_agent_rl(policy, processor, a, cfg.world.image_size, out, cfg.seed, on_log=log if lead else None,
@@ -85,16 +85,20 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
     if (out / MERGED_TEACHER).exists():
         teacher, _ = load_model(cfg, out / MERGED_TEACHER)
         summary["merged_teacher"] = _eval("merged_teacher", teacher, processor, cfg, mlrun, layout)
-    if history:  # training rollouts (sampled): the first and last quarter of the steps this process ran
+    history = curve.rows
+    if history:  # training rollouts (sampled): the first and last quarter of the run's steps
         k = max(1, len(history) // 4)
         summary["train"] = {f"{key}_{part}": sum(h[key] for h in rows) / len(rows)
                             for key in ("success_rate", "format_error_rate", "entropy", "return",
                                         "tool_calls_per_episode", "runtime_error_rate", "shaping_reward_mean")
                             if all(key in h for h in history)
                             for part, rows in (("first_quarter", history[:k]), ("last_quarter", history[-k:]))}
+<<<<<<< HEAD
         (root / layout.report).mkdir(parents=True, exist_ok=True)
         pd.DataFrame(history).to_csv(root / layout.report / "train_curve.csv", index=False)
     summary["seconds"] = time.perf_counter() - t0
+=======
+>>>>>>> precond
     return summary
 
 

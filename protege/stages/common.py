@@ -27,6 +27,38 @@ def step_logger(stage: str, run, every_print: int = 1):
     return log
 
 
+class StepHistory:
+    """A training run's logged metrics, one row per step (`step` first), in a CSV rewritten after every step
+    (DVC plots it; a study reads its runs' curves from it). A resumed run keeps the rows up to the step it
+    resumes after, so the file covers the whole run however often it was killed; `path` None keeps the rows in
+    memory only (a rank that does not write)."""
+
+    def __init__(self, path: Path | None, resumed_after: int = 0):
+        self.path, self.rows = path, []
+        if resumed_after and path is not None and path.exists() and path.stat().st_size:
+            import pandas as pd
+
+            old = pd.read_csv(path)
+            if "step" in old:
+                self.rows = [{k: (int(v) if k == "step" else v) for k, v in r.items() if not pd.isna(v)}
+                             for r in old[old["step"] <= resumed_after].to_dict("records")]
+        self._write()
+
+    def add(self, step: int, metrics: dict) -> None:
+        self.rows = [r for r in self.rows if r["step"] < step] + [{"step": step, **metrics}]
+        self._write()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        import pandas as pd
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        pd.DataFrame(self.rows, columns=None if self.rows else ["step"]).to_csv(tmp, index=False)
+        tmp.replace(self.path)
+
+
 QuietRun = tracking.QuietRun  # the stages that train pick it for ranks > 0 themselves too
 
 

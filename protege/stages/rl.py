@@ -3,7 +3,8 @@
 The full training state is kept in models/rl/state; a run killed at any step and started again with the
 same params resumes from the last state and ends with the same weights. A state from other params is
 discarded with the checkpoints beside it. The learning curve (greedy accuracy on the world's val split
-every rl.eval_every steps) goes to MLflow and to reports/rl/learning_curve.csv (DVC plots).
+every rl.eval_every steps) goes to MLflow and to reports/rl/learning_curve.csv (DVC plots), every step's
+logged figures to reports/rl/train_curve.csv.
 `train` is the whole recipe; the rl_baseline stage runs it with another algorithm into its own folders.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from protege.paths import (
 )
 from protege.rewards.llm_judge import LLMJudge
 from protege.rl.loop import RLInputs, fingerprint, run_rl
-from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
+from protege.stages.common import QuietRun, StepHistory, inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import load_model, with_lora
 from protege.teachers.factory import build_teacher
 from protege.runtime.distributed import on_rank0, world
@@ -36,6 +37,11 @@ from protege.runtime.run_folder import drop_previous, prepare_out_dir
 
 STATE = "state"
 CURVE = Path("reports/rl/learning_curve.csv")  # DVC plots: step, accuracy, one column per question kind
+
+
+def train_curve(curve_rel: Path) -> Path:
+    """Beside the learning curve: every step's logged figures (reward, similarity reward, discriminator)."""
+    return curve_rel.with_name("train_curve.csv")
 
 
 def input_files(root: Path, val: Path, ril: bool) -> list[Path]:
@@ -155,11 +161,11 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     say(stage, f"{algorithm}: {c.steps} steps x {c.questions_per_step} questions x {c.group_size} samples"
                + (f" + {c.group_size} teacher answers" if ril and c.teacher_in_group else "")
                + f", trainable={c.trainable}" + (f"; resuming after step {resumed}" if resumed else ""))
-    history: list[dict] = []
+    steps = StepHistory(root / train_curve(curve_rel) if lead else None, resumed)  # kept across a resume
     log_step = step_logger(stage, run, every_print=max(1, c.steps // 10))
 
     def log(step: int, metrics: dict) -> None:
-        history.append(metrics)
+        steps.add(step, metrics)
         log_step(step, metrics)
 
     saved = run_rl(policy, ref, processor, inputs, c, out, cfg.seed, on_log=log if lead else None,
@@ -171,11 +177,17 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     run.log_model(saved[-1], model_name, params=tracked_params(c))
     # seconds: what a study scales its expected time from (protege/study/estimate.py)
     summary = {"algorithm": algorithm, "checkpoints": len(saved), "resumed_after_step": resumed,
+<<<<<<< HEAD
                "processes": world()[1], "seconds": time.perf_counter() - t0}
     if history:
+=======
+               "processes": world()[1]}
+    history = steps.rows
+    if history:  # the first and last quarter of the run's steps
+>>>>>>> precond
         k = max(1, len(history) // 4)
         for key in ("reward", "answer_reward_student", "similarity_reward_student", "disc_accuracy"):
-            if key in history[0]:
+            if all(key in h for h in history):
                 summary[f"{key}_first_quarter"] = sum(h[key] for h in history[:k]) / k
                 summary[f"{key}_last_quarter"] = sum(h[key] for h in history[-k:]) / k
     if curve is not None and curve.points:

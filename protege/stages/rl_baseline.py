@@ -1,9 +1,9 @@
 """rl_baseline: the rl stage's very run (seed, steps, questions, group size, lr, ...) with `rl.baseline`'s
 algorithm (default dr_grpo) instead of `rl.algorithm`, for a comparison under the same budget.
 
-Writes models/rl_baseline/ (checkpoints, resume state, baseline.json naming the algorithm) and
-reports/rl_baseline/learning_curve.csv. With `rl.baseline: null` it trains nothing: baseline.json says
-so, the curve is empty, and evaluate leaves the baseline out.
+Writes models/rl_baseline/ (checkpoints, resume state, baseline.json naming the algorithm),
+reports/rl_baseline/learning_curve.csv and train_curve.csv. With `rl.baseline: null` it trains nothing:
+baseline.json says so, the curves are empty, and evaluate leaves the baseline out.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 from protege.config import Config
-from protege.stages.common import say, write_stage_metrics
-from protege.stages.rl import empty_curve, train
+from protege.stages.common import StepHistory, say, write_stage_metrics
+from protege.stages.rl import empty_curve, train, train_curve
 
 RL_BASELINE = Path("models/rl_baseline")
 CURVE = Path("reports/rl_baseline/learning_curve.csv")
@@ -40,6 +40,7 @@ def run(cfg: Config, root: Path, run) -> None:
         out.mkdir(parents=True)
         (out / MARKER).write_text(json.dumps({"algorithm": None}) + "\n")
         empty_curve(root / CURVE)
+        StepHistory(root / train_curve(CURVE))  # no step
         write_stage_metrics(root, "rl_baseline", {"checkpoints": 0})
         say("rl_baseline", "rl.baseline is null: no baseline run")
         return

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protege.stages.games import GAMES
+from protege.study import preconditions as pre
+from protege.study.curves import figures_with_data, mean_curves
 from protege.study.spec import GAME_METRICS, LOWER_IS_BETTER, Study, describe
 from protege.study.stats import Part, Run, paired_difference, summarize, verdict
 
@@ -166,6 +168,7 @@ def build_agent_report(study: Study, results: dict[str, dict], failed: list[str]
             entry["train_rollouts"][key] = {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals),
                                             "seeds": len(vals)}
         variants[name] = entry
+    evaluated = pre.evaluate_all(study, results)
     claims = []
     for c in study.claims:
         lower = c.metric in LOWER_IS_BETTER
@@ -175,7 +178,7 @@ def build_agent_report(study: Study, results: dict[str, dict], failed: list[str]
              _diff(study, results, c.than, c.better, _point(c.model), c.metric))
         out.update({**d, "verdict": verdict(d["ci"], c.margin)} if d is not None else
                    {"verdict": None, "missing": ["a seed finished on both sides"]})
-        claims.append(out)
+        claims.append(pre.apply(out, c, evaluated))
     runs = []
     for run in study.runs():
         r = results.get(run.key)
@@ -191,10 +194,12 @@ def build_agent_report(study: Study, results: dict[str, dict], failed: list[str]
                         row[f"tool_calls.{point}"] = ev["tool_calls_per_episode"]
             row.update({"seconds": r.get("seconds"), "mlflow_run_id": r.get("mlflow_run_id")})
         runs.append(row)
+    curves = mean_curves(study, results)
     return {"study": study.name, "task": game, "file": str(study.path), "project": str(study.project),
             "description": study.description, "seeds": study.seeds, "baseline": study.baseline, "model": study.model,
             "end": end, "bootstrap": study.bootstrap, "level": 0.95, "common": study.common, "variants": variants,
-            "claims": claims, "runs": runs, "failed": failed}
+            "claims": claims, "preconditions": list(evaluated.values()), "curves": curves,
+            "figures": figures_with_data(curves), "runs": runs, "failed": failed}
 
 
 def _cell(s: dict | None, signed: bool = False, digits: int = 1) -> str:
@@ -213,6 +218,8 @@ def _c(t: dict, key: str, scale: float, digits: int) -> str:
 
 def agent_markdown(report: dict) -> str:
     """The markdown of a game study's report (agent or tool)."""
+    from protege.study.report import preconditions_section, verdict_cell
+
     game = report.get("task", "agent")
     view, layout = VIEWS[game], GAMES[game]
     end, base, what = report["end"], report["baseline"], layout.what
@@ -277,9 +284,11 @@ def agent_markdown(report: dict) -> str:
             m = METRICS[c["metric"]]
             lower = c["metric"] in LOWER_IS_BETTER
             what_diff = c.get("difference") or f"{c['better']} - {c['than']}"
-            lines.append(f"- {c['name']} ({m.name}{', lower is better' if lower else ''}; {what_diff}): "
-                         + (f"**{c['verdict']}**, {_cell(c, True, m.digits)}" if c.get("verdict")
-                            else "no result yet"))
+            needs = f"; preconditions: {pre.requires_cell(c)}" if c.get("requires") else ""
+            lines.append(f"- {c['name']} ({m.name}{', lower is better' if lower else ''}; {what_diff}{needs}): "
+                         + (f"{verdict_cell(c, report.get('preconditions', []))}, {_cell(c, True, m.digits)}"
+                            if c.get("verdict") else "no result yet"))
+    lines += preconditions_section(report)
     if report["failed"]:
         lines += ["", f"Failed in this invocation: {', '.join(report['failed'])} (re-run the study to retry them)."]
     return "\n".join(lines) + "\n"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from protege.study import preconditions as pre
+from protege.study.curves import draw, figure_path, figures_with_data, mean_curves
 from protege.study.spec import GAME_TASKS, Study, describe
 from protege.study.stats import Part, Run, paired_difference, summarize, verdict
 
@@ -72,6 +74,7 @@ def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> d
                              and all(isinstance(t.get(k), (int, float)) for t in summaries)}
         variants[name] = entry
 
+    evaluated = pre.evaluate_all(study, results)
     claims = []
     for c in study.claims:
         out = {"name": c.name, "better": c.better, "than": c.than, "metric": c.metric, "model": c.model,
@@ -91,7 +94,7 @@ def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> d
         else:
             out.update({"verdict": None, "missing": [v for v, r in ((c.better, better), (c.than, than)) if not r]
                         or ["a seed finished on both sides"]})
-        claims.append(out)
+        claims.append(pre.apply(out, c, evaluated))
 
     runs = []
     for run in study.runs():
@@ -104,9 +107,11 @@ def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> d
             row.update({"world_test": 100 * m["world_test"]["accuracy"], "benchmark_average": m["average"],
                         "seconds": r.get("seconds"), "mlflow_run_id": r.get("mlflow_run_id")})
         runs.append(row)
+    curves = mean_curves(study, results)
     return {"study": study.name, "file": str(study.path), "project": str(study.project),
             "description": study.description, "seeds": study.seeds, "baseline": study.baseline, "model": study.model,
             "bootstrap": n_boot, "level": 0.95, "common": study.common, "variants": variants, "claims": claims,
+            "preconditions": list(evaluated.values()), "curves": curves, "figures": figures_with_data(curves),
             "runs": runs, "failed": failed}
 
 
@@ -118,7 +123,8 @@ def headline_metrics(report: dict) -> dict[str, float]:
     verdicts = [c["verdict"] for c in report["claims"]]
     out.update({"claims_reproduced": verdicts.count("reproduced"),
                 "claims_not_reproduced": verdicts.count("not reproduced"),
-                "claims_inconclusive": verdicts.count("inconclusive")})
+                "claims_inconclusive": verdicts.count("inconclusive"),
+                "claims_precondition_not_met": verdicts.count(pre.PRECONDITION_NOT_MET)})
     return out
 
 
@@ -161,18 +167,19 @@ def markdown(report: dict) -> str:
     if report["common"]:
         lines += ["", f"Overrides shared by every variant: `{describe(report['common'])}`."]
     if report["claims"]:
-        lines += ["", "## Claims", "", "| claim | metric | model | A - B (points) | 95% CI | per seed | verdict |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "## Claims", "",
+                  "| claim | preconditions | metric | model | A - B (points) | 95% CI | per seed | verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
         for c in report["claims"]:
+            head = (f"| {c['name']} (A = `{c['better']}`, B = `{c['than']}`) | {pre.requires_cell(c)} | "
+                    f"{_metric_label(c['metric'])} | {c['model']} |")
             if c["verdict"] is None:
-                lines.append(f"| {c['name']} (A = `{c['better']}`, B = `{c['than']}`) | {_metric_label(c['metric'])} | "
-                             f"{c['model']} | — | — | — | no result yet: {', '.join(c['missing'])} unfinished |")
+                lines.append(f"{head} — | — | — | no result yet: {', '.join(c['missing'])} unfinished |")
                 continue
             per_seed = ", ".join(f"{d:+.1f}" for d in c["per_seed"])
-            verdict = c["verdict"] + (" (the opposite holds)" if c["verdict"] == "not reproduced" else "")
-            lines.append(f"| {c['name']} (A = `{c['better']}`, B = `{c['than']}`) | {_metric_label(c['metric'])} | "
-                         f"{c['model']} | {c['diff']:+.2f} | [{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}] | {per_seed} | "
-                         f"**{verdict}** |")
+            verdict = verdict_cell(c, report.get("preconditions", []))
+            lines.append(f"{head} {c['diff']:+.2f} | [{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}] | {per_seed} | {verdict} |")
+    lines += preconditions_section(report)
     lines += ["", "## Variants", "",
               f"| variant | overrides | runs | world test (%) | minus `{base}` | benchmark average | minus `{base}` |",
               "|---|---|---|---|---|---|---|"]
@@ -196,6 +203,34 @@ def markdown(report: dict) -> str:
     if report["failed"]:
         lines += ["", f"Failed in this invocation: {', '.join(report['failed'])} (re-run the study to retry them)."]
     return "\n".join(lines) + "\n"
+
+
+def verdict_cell(c: dict, evaluated: list[dict]) -> str:
+    """**verdict**, or **precondition not met** with what the unmet precondition measured."""
+    if c["verdict"] == pre.PRECONDITION_NOT_MET:
+        return f"**{c['verdict']}** ({pre.unmet_detail(c, evaluated)})"
+    return f"**{c['verdict']}**" + (" (the opposite holds)" if c["verdict"] == "not reproduced" else "")
+
+
+def preconditions_section(report: dict, figures: dict[str, str] | None = None, level: str = "##") -> list[str]:
+    """The preconditions table and the training curves' pictures (`figures`: figure -> its file, relative to
+    the markdown; by default the part report's own, beside it)."""
+    lines = []
+    if report.get("preconditions"):
+        lines += ["", f"{level} Preconditions", "",
+                  "Measured on each finished seed of the variant before any claim that requires them is judged; a "
+                  "claim whose preconditions are not met says so instead of a verdict.", "",
+                  *pre.markdown_table(report["preconditions"])]
+    if figures is None:
+        figures = {key: figure_path(Path(f"{report['study']}.md"), key).name for key in report.get("figures", [])}
+    for key, name in figures.items():
+        lines += ["", f"![{key} curves of `{report['study']}`]({name})"]
+    return lines
+
+
+def write_figures(report: dict, md: Path) -> list[Path]:
+    """The training curves' pictures next to the report's markdown (`<name>.<figure>.png`)."""
+    return [draw(report["curves"], key, figure_path(md, key), report["study"]) for key in report.get("figures", [])]
 
 
 def bar_chart(report: dict, path: Path) -> Path:
@@ -237,4 +272,5 @@ def write_report(report: dict, paths: dict[str, Path]) -> dict[str, Path]:
     paths["json"].write_text(json.dumps(report, indent=2, ensure_ascii=False))
     paths["md"].write_text(markdown(report))
     bar_chart(report, paths["png"])
+    write_figures(report, paths["md"])
     return paths

@@ -3,6 +3,9 @@ per claim the measured difference, its 95% CI and the verdict, then the figures 
 compared variants' own scores, and where the run started from), read from the parts' reports."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from protege.study import preconditions as pre
 from protege.study.spec import GAME_TASKS, Suite
 
 QA_METRICS = ("world_test", "benchmark_average")
@@ -34,18 +37,26 @@ def _fmt(s: dict | None, digits: int, signed: bool = False) -> str:
     return f"{f.format(v)} [{f.format(s['ci'][0])}, {f.format(s['ci'][1])}]"
 
 
-def _claim_row(part: str, task: str, c: dict) -> str:
+def _claim_row(part: str, task: str, c: dict, evaluated: list[dict] | None = None) -> str:
+    from protege.study.report import verdict_cell
+
     digits = _digits(task, c["metric"])
     relation = ">=" if c.get("margin") else ">"
     what = f"{c['name']} (`{c['better']}` {relation} `{c['than']}`" + (f", margin {c['margin']:g})" if c.get("margin")
                                                                         else ")")
+    head = f"| {part} | {what} | {pre.requires_cell(c)} | {_metric_name(task, c['metric'])} |"
     if c.get("verdict") is None:
         missing = ", ".join(c.get("missing", [])) or "runs"
-        return f"| {part} | {what} | {_metric_name(task, c['metric'])} | — | — | no result yet ({missing} unfinished) |"
+        return f"{head} — | — | no result yet ({missing} unfinished) |"
     difference = c.get("difference", f"{c['better']} - {c['than']}")
-    return (f"| {part} | {what} | {_metric_name(task, c['metric'])} | {difference}: "
-            f"{c['diff']:+.{digits}f} | [{c['ci'][0]:+.{digits}f}, {c['ci'][1]:+.{digits}f}] "
-            f"({len(c.get('pairs', []))} seed pairs) | **{c['verdict']}** |")
+    return (f"{head} {difference}: {c['diff']:+.{digits}f} | [{c['ci'][0]:+.{digits}f}, {c['ci'][1]:+.{digits}f}] "
+            f"({len(c.get('pairs', []))} seed pairs) | {verdict_cell(c, evaluated or [])} |")
+
+
+def suite_figure(suite: Suite, part: str, key: str) -> Path:
+    """A part's curve picture beside the file's report: reports/results.md -> reports/results.<part>.<key>.png."""
+    md = suite.report_paths()["md"]
+    return md.with_name(f"{md.stem}.{part}.{key}.png")
 
 
 def _figures(report: dict) -> list[str]:
@@ -130,18 +141,22 @@ def suite_markdown(suite: Suite, reports: dict[str | None, dict | None]) -> str:
          "come from a two-level bootstrap (seeds and items drawn with replacement). A claim \"A > B\" is "
          "**reproduced** when the CI of A - B lies above 0, **not reproduced** when it lies below 0 (the "
          "opposite holds), **inconclusive** when it touches or crosses 0; \"A >= B\" with a margin m is judged "
-         "against -m instead. For error rates the difference is B - A (fewer is better)."),
+         "against -m instead. For error rates the difference is B - A (fewer is better). A claim may require "
+         "preconditions, measured in the runs by a criterion fixed in the study file (each part's section below); "
+         "when one is not met the claim reads **precondition not met**, with the measurement, instead of a "
+         "verdict."),
         "",
-        "| study | claim | metric | difference | 95% CI | verdict |",
-        "|---|---|---|---|---|---|",
+        "| study | claim | preconditions | metric | difference | 95% CI | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
     for study in suite.studies:
         report = reports.get(study.part)
         if report is None:
-            lines.append(f"| {study.part} | (no report yet: run the study) | | | | |")
+            lines.append(f"| {study.part} | (no report yet: run the study) | | | | | |")
             continue
         for c in report["claims"]:
-            lines.append(_claim_row(study.part or study.name, report.get("task", "qa"), c))
+            lines.append(_claim_row(study.part or study.name, report.get("task", "qa"), c,
+                                    report.get("preconditions", [])))
     for study in suite.studies:
         report = reports.get(study.part)
         if report is None:
@@ -158,6 +173,11 @@ def suite_markdown(suite: Suite, reports: dict[str | None, dict | None]) -> str:
         for c in unreproduced:
             if reading := _reading(report, c):
                 lines += ["", f"{c['name']}: {c['verdict']}. Measured: {reading}."]
+        from protege.study.report import preconditions_section
+
+        part = study.part or study.name
+        lines += preconditions_section(report, {key: suite_figure(suite, part, key).name
+                                                for key in report.get("figures", [])}, level="###")
         if report.get("failed"):
             lines += ["", f"Failed in the last invocation: {', '.join(report['failed'])}."]
     return "\n".join(lines) + "\n"

@@ -9,7 +9,9 @@ artifacts, evaluates, and writes its per-item results atomically.
                                                unless keep_checkpoints); models/agent_rl/, models/tool_rl/
                                                by a game study's runs
         eval/<model>/                          predictions and scores per benchmark, world test answers
-        result.json                            per-item results; written last, atomically: the run is finished
+        reports/<rl|agent|tool>/train_curve.csv  every training step's figures (copied into result.json's `curve`)
+        result.json                            per-item results, the training curve, the upstream figures a
+                                               precondition reads; written last, atomically: the run is finished
         fingerprint, mlflow_run_id, log.txt
 
 A run is finished when its result.json holds the fingerprint of its resolved params and of the upstream
@@ -252,6 +254,28 @@ def evaluate_models(cfg, root: Path, models: dict[str, Path], label: str) -> dic
     return out
 
 
+def read_curve(path: Path) -> list[dict] | None:
+    """A stage's per-step figures (its train_curve.csv) as rows, each without the figures its step did not log."""
+    if not path.exists() or not path.stat().st_size:
+        return None
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    return [{k: (int(v) if k == "step" else float(v)) for k, v in row.items() if not pd.isna(v)
+             and isinstance(v, (int, float))} for row in frame.to_dict("records")]
+
+
+def upstream_metrics(project: Path) -> dict[str, dict]:
+    """The figures of the shared upstream stages a precondition may read (the discriminator's held-out AUROC),
+    as reports/stages/<stage>.json holds them in the project."""
+    out = {}
+    for stage in ("disc_pretrain",):
+        path = project / STAGE_METRICS / f"{stage}.json"
+        if path.exists():
+            out[stage] = json.loads(path.read_text())
+    return out
+
+
 def game_summary(result: dict) -> dict | None:
     """A game run's summary (the agent_rl recipe's), kept under the game's name ("agent", "tool")."""
     return next((result[g] for g in GAME_TASKS if g in result), None)
@@ -292,6 +316,7 @@ def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
     Returns the result's path; a finished run is skipped."""
     from protege.stages import merge as merge_stage
     from protege.stages import rl as rl_stage
+    from protege.stages.rl import CURVE, train_curve
 
     run, folder = planned.run, planned.folder
     if planned.finished:
@@ -325,7 +350,8 @@ def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
                   "fingerprint": planned.fingerprint, "overrides": run.overrides, "mlflow_run_id": mlrun.run_id,
                   "seconds": time.perf_counter() - t0, "finished_at": datetime.now(timezone.utc).isoformat(),
                   "rl": json.loads(rl_summary.read_text()) if run.train and rl_summary.exists() else None,
-                  "models": results}
+                  "curve": read_curve(folder / train_curve(CURVE)) if run.train else None,
+                  "upstream_metrics": upstream_metrics(study.project), "models": results}
         write_json_atomic(folder / RESULT, result)
     cleanup(study, folder)
     say(f"{run.key}: finished in {result['seconds']:.0f} s -> {folder / RESULT}")
@@ -339,6 +365,7 @@ def execute_agent(study: Study, planned: Planned, parent_run_id: str | None) -> 
     from protege.eval.agent import evaluate_agent
     from protege.models.student import load_student
     from protege.stages import agent_rl
+    from protege.stages.agent_rl import TRAIN_CURVE
 
     run, folder, cfg = planned.run, planned.folder, planned.run.config
     game, layout = study.task, GAMES[study.task]
@@ -357,7 +384,7 @@ def execute_agent(study: Study, planned: Planned, parent_run_id: str | None) -> 
         result = {"study": study.name, "variant": run.variant, "seed": run.seed, "train": run.train,
                   "fingerprint": planned.fingerprint, "overrides": run.overrides, "mlflow_run_id": mlrun.run_id,
                   "seconds": time.perf_counter() - t0, "finished_at": datetime.now(timezone.utc).isoformat(),
-                  game: summary}
+                  "curve": read_curve(folder / layout.report / TRAIN_CURVE) if run.train else None, game: summary}
         write_json_atomic(folder / RESULT, result)
     cleanup(study, folder)
     figures = (f"accuracy {100 * headline['accuracy']:.1f}%, runtime errors in "
@@ -537,7 +564,8 @@ def run_study(study: Study | Suite, jobs: int = 1, isolated: bool = True) -> dic
 def finish_suite(suite: Suite) -> dict[str, Path]:
     """Every part's claims in one table (the file's `report`, e.g. reports/results.md, and its JSON beside
     reports/study/<name>.md), from the parts' reports as finish_study last wrote them."""
-    from protege.study.results import suite_markdown
+    from protege.study.curves import figure_path
+    from protege.study.results import suite_figure, suite_markdown
 
     reports = {}
     for s in suite.studies:
@@ -546,6 +574,11 @@ def finish_suite(suite: Suite) -> dict[str, Path]:
     paths = suite.report_paths()
     paths["md"].parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(paths["json"], {"suite": suite.name, "file": str(suite.path), "parts": reports})
+    for s in suite.studies:  # the parts' curve pictures beside the file's report
+        for key in (reports[s.part] or {}).get("figures", []):
+            picture = figure_path(s.report_paths()["md"], key)
+            if picture.exists():
+                shutil.copyfile(picture, suite_figure(suite, s.part or s.name, key))
     paths["md"].write_text(suite_markdown(suite, reports))
     say(f"claims of {len(suite.studies)} parts: {paths['md']}")
     return paths

@@ -28,7 +28,7 @@ GRPO): variants may change `tool.rl.*`, `tool.eval_episodes` and `tool.eval_batc
 episode) or `entropy`. For `format_errors` and `runtime_errors` lower is better: a claim "A better than B"
 on them is reproduced when A has fewer.
 
-`requires: {agent.env: points24}` names settings params.yaml must already hold (what the shared warm start
+`project_params: {agent.env: points24}` names settings params.yaml must already hold (what the shared warm start
 was made with): the study refuses to load otherwise, rather than silently run another game.
 
 A file with `parts:` holds several studies (each a body as above, under its own key; the file's `seeds`
@@ -43,6 +43,21 @@ parts:
   ril: {task: qa, baseline: ril, variants: {...}, claims: [...]}
   gtpo: {task: tool, baseline: grpo, variants: {...},
          claims: [{better: gtpo, than: grpo, metric: accuracy, margin: 1.0}]}   # "gtpo >= grpo" within 1 point
+```
+
+A study may declare `preconditions:` that its claims `requires:` (by name): what must hold in a variant's
+runs before a claim is judged, each with its criterion fixed in the file. A claim whose preconditions are
+not met reads "precondition not met", with the measurement, instead of a verdict (protege.study.preconditions):
+
+```yaml
+preconditions:
+  - {name: collapses, variant: plain, metric: distinct_thoughts_per_state, kind: collapse, ratio: 0.5, window: 5}
+  - {name: teacher_leads, variant: gtr_kl, metric: teacher_eval_success, than: eval_success,
+     kind: at_least_part_of_run}
+  - {name: disc_separates, variant: ril, metric: disc_pretrain.heldout_auroc, kind: above, threshold: 0.6}
+  - {name: similarity_in_range, variant: ril, metric: similarity_reward_student, kind: between, lo: 0.3, hi: 0.7}
+claims:
+  - {better: gtr_kl, than: plain, requires: [collapses, teacher_leads]}
 ```
 
 Every variant is validated by the same schema as params.yaml (`protege.config.Config`). Variants share
@@ -83,6 +98,20 @@ def game_keys(task: str) -> tuple[str, ...]:
 
 
 AGENT_KEYS = game_keys("agent")
+PRECONDITION_KINDS = ("collapse", "at_least_part_of_run", "above", "between")
+KIND_FIELDS = {"collapse": ("direction", "ratio", "threshold", "window"), "at_least_part_of_run": ("than", "points"),
+               "above": ("threshold", "at"), "between": ("lo", "hi", "at")}
+# what a precondition may measure: a training curve's metric (per step, as the loop logs it) or a figure of an
+# upstream stage the runs share (reports/stages/<stage>.json, recorded in each run's result)
+GAME_CURVE_METRICS = ("success_rate", "format_error_rate", "turns_per_episode", "entropy", "reward", "return",
+                      "kl_merged", "kl_penalty", "thought_entropy", "distinct_thoughts_per_state", "thought_self_bleu",
+                      "thought_tokens", "eval_success", "teacher_eval_success", "accuracy", "runtime_error_rate",
+                      "tool_calls_per_episode", "shaping_reward_mean")
+CURVE_METRICS = {"qa": ("reward", "answer_reward_student", "answer_reward_teacher", "similarity_reward_student",
+                        "similarity_reward_teacher", "disc_accuracy", "disc_score_student", "disc_score_teacher",
+                        "entropy", "kl", "response_length"),
+                 "agent": GAME_CURVE_METRICS, "tool": GAME_CURVE_METRICS}
+UPSTREAM_METRICS = {"qa": ("disc_pretrain.heldout_auroc", "disc_pretrain.heldout_accuracy"), "agent": (), "tool": ()}
 MODELS = ("rl_final", "merged")
 STUDY_DIR = Path("reports/study")
 
@@ -101,6 +130,26 @@ class ClaimSpec(_Strict):
     model: Literal["rl_final", "merged"] | None = None  # default: the study's model
     margin: float = Field(0.0, ge=0)       # > 0: "better >= than": reproduced when the CI of better - than lies
     #                                        above -margin (the metric's points), i.e. better is not worse by more
+    requires: list[str] = []               # preconditions (by name) that must be met for a verdict
+
+
+class PreconditionSpec(_Strict):
+    """What must hold in a variant's runs for a claim that requires it to be judged (see protege.study.preconditions)."""
+    name: str = Field(pattern=NAME)
+    variant: str
+    metric: str                            # a training curve's metric (a column of the run's train_curve.csv), or
+    #                                        an upstream stage's figure (disc_pretrain.heldout_auroc)
+    kind: Literal[PRECONDITION_KINDS]  # type: ignore[valid-type]
+    direction: Literal["down", "up"] = "down"   # collapse: the metric falls (down) or rises (up)
+    ratio: float | None = Field(None, gt=0)     # collapse: end <= ratio x start (down) / end >= ratio x start (up)
+    threshold: float | None = None              # collapse: end <= threshold (down) / >= (up); above: value > threshold
+    window: int = Field(1, ge=1)                # collapse: curve points averaged at the start and at the end
+    than: str | None = None                     # at_least_part_of_run: metric >= than at some curve point
+    points: int = Field(1, ge=1)                # at_least_part_of_run: at this many points or more
+    at: Literal["first", "last"] = "first"      # above / between: which point of a curve is measured
+    lo: float | None = None                     # between: lo <= value <= hi
+    hi: float | None = None
+    seeds: Literal["majority", "all"] = "majority"  # met: on more than half of the finished seeds, or on every one
 
 
 class ServiceSpec(_Strict):
@@ -123,8 +172,9 @@ class StudyFile(_Strict):
     common: dict[str, Any] = {}
     # settings params.yaml must already hold (not overrides): what the shared warm start was made with, e.g.
     # {agent.env: points24}; the study refuses to load otherwise
-    requires: dict[str, Any] = {}
+    project_params: dict[str, Any] = {}
     claims: list[ClaimSpec] = []
+    preconditions: list[PreconditionSpec] = []
     services: dict[str, ServiceSpec] = {}
 
 
@@ -166,6 +216,26 @@ class Claim:
     metric: str
     model: str
     margin: float = 0.0
+    requires: tuple[str, ...] = ()         # preconditions that must be met for a verdict
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """One precondition with its kind's parameters (PreconditionSpec's fields, validated)."""
+    name: str
+    variant: str
+    metric: str
+    kind: str
+    direction: str = "down"
+    ratio: float | None = None
+    threshold: float | None = None
+    window: int = 1
+    than: str | None = None
+    points: int = 1
+    at: str = "first"
+    lo: float | None = None
+    hi: float | None = None
+    seeds: str = "majority"
 
 
 @dataclass
@@ -185,6 +255,7 @@ class Study:
     services: dict[str, ServiceSpec] = field(default_factory=dict)
     task: str = "qa"
     part: str | None = None                # the key of this study in its file's `parts:` (None: the whole file)
+    preconditions: list[Precondition] = field(default_factory=list)
 
     @property
     def out_dir(self) -> Path:
@@ -312,17 +383,17 @@ def _check_game_keys(task: str):
     return check
 
 
-def _check_requires(requires: dict, cfg: Config, shown: str, params_file: Path, task: str) -> None:
-    """Each `requires` setting must already be params.yaml's (resolved with its defaults)."""
+def _check_project_params(wanted: dict, cfg: Config, shown: str, params_file: Path, task: str) -> None:
+    """Each `project_params` setting must already be params.yaml's (resolved with its defaults)."""
     dump = cfg.model_dump(mode="json")
-    for key, want in flatten(expand(requires, "requires", Path(shown))).items():
+    for key, want in flatten(expand(wanted, "project_params", Path(shown))).items():
         try:
             have = _lookup(dump, key)
         except (KeyError, TypeError):
-            raise ConfigError(f"{shown}: requires.{key}: no such setting") from None
+            raise ConfigError(f"{shown}: project_params.{key}: no such setting") from None
         if have != want:
             rebuild = f"`dvc repro {task}_sft`" if task in GAME_TASKS else "`make demo`"
-            raise ConfigError(f"{shown}: requires {key}: {json.dumps(want)}, but {params_file} has "
+            raise ConfigError(f"{shown}: project_params {key}: {json.dumps(want)}, but {params_file} has "
                               f"{json.dumps(have)}: set it there and rebuild the shared artifacts ({rebuild})")
 
 
@@ -393,6 +464,8 @@ def _study_error(path: Path, err: ValidationError) -> str:
         model: Any = StudyFile
         if first["loc"][0] == "claims":
             model = ClaimSpec
+        elif first["loc"][0] == "preconditions":
+            model = PreconditionSpec
         elif first["loc"][0] == "services":
             model = ServiceSpec
         return f"{path}: unknown key '{key}' (allowed here: {', '.join(model.model_fields)})"
@@ -512,6 +585,12 @@ def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -
         if spec.task == "qa" and c.metric not in METRICS:
             raise ConfigError(f"{shown}: claims[{i}].metric '{c.metric}' is unknown (expected world_test, "
                               f"benchmark_average or a benchmark: {', '.join(BENCHMARKS)})")
+    preconditions = _check_preconditions(spec, shown)
+    for i, c in enumerate(spec.claims):
+        for name in c.requires:
+            if name not in preconditions:
+                raise ConfigError(f"{shown}: claims[{i}].requires '{name}' is not a precondition (preconditions: "
+                                  f"{', '.join(preconditions) or 'none declared'})")
     ports = [s.port for s in spec.services.values()]
     if len(set(ports)) != len(ports):
         raise ConfigError(f"{shown}: two services share a port: {ports}")
@@ -519,7 +598,7 @@ def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -
     params_file = project / "params.yaml"
     project_cfg = load_config(params_file)  # the project's params must be valid first (its message names that file)
     params, _ = read_params(params_file)
-    _check_requires(spec.requires, project_cfg, shown, params_file, spec.task)
+    _check_project_params(spec.project_params, project_cfg, shown, params_file, spec.task)
     common = expand(spec.common, "common", shown)
     check = _check_game_keys(spec.task) if spec.task in GAME_TASKS else _check_sections
     check(common, "common", shown)
@@ -550,12 +629,52 @@ def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -
         variants[name] = Variant(name, train, resolved, cfg)
 
     claims = [Claim(c.name or f"{c.better} {'>=' if c.margin else '>'} {c.than}", c.better, c.than, c.metric,
-                    c.model or spec.model, c.margin) for c in spec.claims]
+                    c.model or spec.model, c.margin, tuple(c.requires)) for c in spec.claims]
     return Study(path=path.resolve(), project=project, name=spec.name or path.stem, seeds=list(spec.seeds),
                  baseline=spec.baseline, model=spec.model, bootstrap=spec.bootstrap,
                  keep_checkpoints=spec.keep_checkpoints, description=spec.description,
                  common=flatten(common), variants=variants, claims=claims, services=dict(spec.services),
-                 task=spec.task, part=part)
+                 task=spec.task, part=part, preconditions=list(preconditions.values()))
+
+
+def _check_preconditions(spec: StudyFile, shown: str) -> dict[str, Precondition]:
+    """Each precondition names a variant of the study, a metric its task's runs record and its kind's
+    parameters (and no other kind's); one line naming the field otherwise."""
+    out: dict[str, Precondition] = {}
+    names = ", ".join(spec.variants)
+    known = CURVE_METRICS[spec.task] + UPSTREAM_METRICS[spec.task]
+    for i, p in enumerate(spec.preconditions):
+        where = f"{shown}: preconditions[{i}]"
+        if p.name in out:
+            raise ConfigError(f"{where}.name '{p.name}' is given twice")
+        if p.variant not in spec.variants:
+            raise ConfigError(f"{where}.variant '{p.variant}' is not a variant (variants: {names})")
+        for key in ("metric", "than"):
+            value = getattr(p, key)
+            if value is not None and value not in known:
+                article = "an" if spec.task[0] in "aeiou" else "a"
+                raise ConfigError(f"{where}.{key} '{value}' is not a metric {article} {spec.task} study's runs record "
+                                  f"(expected one of {', '.join(known)})")
+        body = spec.variants[p.variant] or {}
+        if p.metric not in UPSTREAM_METRICS[spec.task] and body.get("train", True) is False:
+            raise ConfigError(f"{where}.variant '{p.variant}' does not train (train: false), so it has no "
+                              f"{p.metric} curve")
+        given = p.model_fields_set - {"name", "variant", "metric", "kind", "seeds"}
+        for key in sorted(given - set(KIND_FIELDS[p.kind])):
+            raise ConfigError(f"{where}.{key} does not apply to kind {p.kind} (its fields: "
+                              f"{', '.join(KIND_FIELDS[p.kind])})")
+        if p.kind == "collapse" and p.ratio is None and p.threshold is None:
+            raise ConfigError(f"{where}: kind collapse needs ratio (end vs start) or threshold (end), or both")
+        if p.kind == "above" and p.threshold is None:
+            raise ConfigError(f"{where}: kind above needs threshold")
+        if p.kind == "between" and (p.lo is None or p.hi is None or p.lo > p.hi):
+            raise ConfigError(f"{where}: kind between needs lo <= hi (got lo {p.lo}, hi {p.hi})")
+        if p.kind == "at_least_part_of_run" and p.than is None:
+            raise ConfigError(f"{where}: kind at_least_part_of_run needs than (the metric it is compared with)")
+        if p.metric in UPSTREAM_METRICS[spec.task] and p.kind in ("collapse", "at_least_part_of_run"):
+            raise ConfigError(f"{where}.metric '{p.metric}' is one figure, not a curve: use kind above or between")
+        out[p.name] = Precondition(**p.model_dump())
+    return out
 
 
 def describe(overrides: dict[str, Any], empty: str = "(params as they are)") -> str:

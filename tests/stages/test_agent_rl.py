@@ -98,6 +98,30 @@ def test_resume_is_exact(tiny_processor, tmp_path, algorithm, micro):
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
 
 
+def test_held_out_curve_and_thought_figures_leave_the_weights_as_they_are(tiny_processor, tmp_path):
+    """Every eval_every steps and at the last, the policy and the merged teacher play held-out layouts
+    greedily (eval_success, teacher_eval_success); the thought figures are logged every step. Neither moves
+    the run: its weights end as a run without the curve's."""
+    from protege.config import ModelConfig
+    from protege.models.student import build_student
+
+    base = tiny_cfg()
+    curve = base.model_copy(update={"rl": base.rl.model_copy(update={"eval_every": 2, "eval_episodes": 2})})
+    logs = []
+    with_curve = build_student(ModelConfig(), tiny_processor, seed=0)
+    run_agent_rl(with_curve, tiny_processor, curve, 64, tmp_path / "a", seed=1, new_env=VarietyEnv,
+                 on_log=lambda s, m: logs.append((s, m)))
+    plain = build_student(ModelConfig(), tiny_processor, seed=0)
+    run_agent_rl(plain, tiny_processor, base, 64, tmp_path / "b", seed=1, new_env=VarietyEnv)
+    for (n, a), b in zip(with_curve.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(a, b), n
+    assert [s for s, m in logs if "eval_success" in m] == [2, 3]  # every 2 steps and the last
+    assert all(0 <= m["eval_success"] <= 1 and 0 <= m["teacher_eval_success"] <= 1 for _, m in logs[1:])
+    for _, m in logs:
+        assert {"thought_tokens", "thought_entropy", "distinct_thoughts_per_state", "thought_self_bleu"} <= set(m)
+        assert 0 < m["distinct_thoughts_per_state"] <= 1 and 0 <= m["thought_self_bleu"] <= 1
+
+
 class ScriptedEngine:
     """A generation engine (the interface vLLM's fills) that always answers one text."""
 

@@ -17,12 +17,17 @@ task: agent
 seeds: [0, 1]
 baseline: plain
 bootstrap: 200
+common: {agent.rl.eval_every: 1, agent.rl.eval_episodes: 3}
 variants:
   warm_start: {train: false}
   plain: {agent.rl.gtr.guidance: none}
   gtr_kl: {agent: {rl: {gtr: {guidance: kl, merge: ema}}}}
+preconditions:
+  - {name: collapses, variant: plain, metric: distinct_thoughts_per_state, kind: collapse, ratio: 0.5}
+  - {name: teacher_leads, variant: gtr_kl, metric: teacher_eval_success, than: eval_success,
+     kind: at_least_part_of_run}
 claims:
-  - {better: gtr_kl, than: plain}
+  - {better: gtr_kl, than: plain, requires: [collapses, teacher_leads]}
   - {better: gtr_kl, than: plain, metric: entropy}
 """
 
@@ -75,14 +80,28 @@ def test_agent_study_reports_start_and_end_with_cis(project, monkeypatch):
     assert report["variants"]["plain"]["metrics"]["success.start"] == report["variants"]["gtr_kl"]["metrics"]["success.start"]
     assert report["variants"]["gtr_kl"]["vs_baseline"]["success"]["pairs"] == [[0, 0], [1, 1]]
     assert [c["metric"] for c in report["claims"]] == ["success", "entropy"]
-    assert all(c["verdict"] in ("reproduced", "not reproduced", "inconclusive") for c in report["claims"])
+    assert report["claims"][1]["verdict"] in ("reproduced", "not reproduced", "inconclusive")
+    # the first claim waits for plain RL's collapse and a leading teacher, measured on both seeds' curves
+    statuses = {p["name"]: (p["status"], p["seeds"]) for p in report["preconditions"]}
+    assert set(statuses) == {"collapses", "teacher_leads"} and all(n == 2 for _, n in statuses.values())
+    met = all(s == "met" for s, _ in statuses.values())
+    assert (report["claims"][0]["verdict"] == "precondition not met") != met
+    teacher = report["preconditions"][1]["per_seed"]["0"]
+    assert teacher["points"] == 2  # the held-out curve at both steps
+    assert report["figures"] == ["collapse", "teacher"]
+    assert [p[0] for p in report["curves"]["gtr_kl"]["teacher_eval_success"]] == [1, 2]
     md = paths["md"].read_text()
     assert "| plain (baseline) |" in md and "Agent study" in md and paths["png"].stat().st_size > 1000
+    assert "## Preconditions" in md and "![collapse curves" in md
+    for key in report["figures"]:
+        assert paths["md"].with_name(f"{study.name}.{key}.png").stat().st_size > 1000
     for p in plan(study):
         result = json.loads((p.folder / "result.json").read_text())
         assert not (p.folder / "models/agent_rl").exists()  # results only
         ev = result["agent"]["end" if p.run.train else "start"]
         assert len(ev["per_episode"]) == 6
+        if p.run.train:
+            assert [r["step"] for r in result["curve"]] == [1, 2] and "thought_tokens" in result["curve"][0]
         if p.run.variant == "gtr_kl":
             assert "merged_teacher" in result["agent"]
 

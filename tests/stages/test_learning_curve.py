@@ -76,6 +76,10 @@ def test_curve_points_and_resume_without_duplicates(project, tmp_path):
     rl_stage.run(cfg, project, again)
     assert [s for s, m in again.metrics if "val_accuracy" in m] == [4, 5]  # step 4 again, from the same weights
     pd.testing.assert_frame_equal(curve(project), expected)
+    # every step's figures too: the rows before the resumed state's step are kept, the rest written again
+    steps = pd.read_csv(project / "reports/rl/train_curve.csv")
+    assert steps["step"].tolist() == [1, 2, 3, 4, 5] and "reward" in steps
+    assert pd.read_csv(whole / "reports/rl/train_curve.csv")["step"].tolist() == [1, 2, 3, 4, 5]
 
 
 def test_no_val_split_or_eval_every_0_writes_an_empty_curve_and_no_baseline_stage(project, capsys):
@@ -85,6 +89,7 @@ def test_no_val_split_or_eval_every_0_writes_an_empty_curve_and_no_baseline_stag
     assert curve(project).empty and "val.parquet is absent" in capsys.readouterr().err
     rl_baseline.run(cfg, project, FakeRun())
     assert rl_baseline.baseline_algorithm(project) is None and curve(project, rl_baseline.CURVE).empty
+    assert pd.read_csv(project / "reports/rl_baseline/train_curve.csv").empty  # DVC's out, with no step
     assert not list((project / rl_baseline.RL_BASELINE).glob("step-*"))
 
 

@@ -29,9 +29,12 @@ common: {rl.algorithm: ril}
 variants:
   sft: {train: false}
   ril: {}
+preconditions:
+  - {name: disc_separates, variant: ril, metric: disc_pretrain.heldout_auroc, kind: above, threshold: 0.6}
+  - {name: similarity_in_range, variant: ril, metric: similarity_reward_student, kind: between, lo: 0.3, hi: 0.7}
 claims:
   - {name: RIL beats its SFT start, better: ril, than: sft, metric: world_test}
-  - {better: ril, than: sft}
+  - {better: ril, than: sft, requires: [disc_separates, similarity_in_range]}
 """
 
 
@@ -90,7 +93,17 @@ def test_study_runs_reports_tracks_and_skips_finished_runs(project, monkeypatch,
             s = v["metrics"][metric]
             assert s["ci"][0] <= s["mean"] <= s["ci"][1] and s["seeds"] == 1
     assert report["variants"]["sft"]["vs_baseline"]["world_test"]["pairs"] == [[0, 0]]
-    assert [c["verdict"] in ("reproduced", "not reproduced", "inconclusive") for c in report["claims"]] == [True] * 2
+    assert report["claims"][0]["verdict"] in ("reproduced", "not reproduced", "inconclusive")
+    # the second claim waits for RIL's preconditions, measured from the run's curve and the discriminator's figures
+    by_name = {p["name"]: p for p in report["preconditions"]}
+    auroc = by_name["disc_separates"]["per_seed"]["0"]
+    assert auroc["met"] == (auroc["value"] > 0.6) and 0 <= auroc["value"] <= 1
+    sim = by_name["similarity_in_range"]["per_seed"]["0"]
+    assert sim["step"] == 1 and sim["met"] == (0.3 <= sim["value"] <= 0.7)
+    met = all(p["status"] == "met" for p in by_name.values())
+    assert (report["claims"][1]["verdict"] == "precondition not met") != met
+    assert [r["name"] for r in report["claims"][1]["requires"]] == ["disc_separates", "similarity_in_range"]
+    assert report["figures"] == ["signal"] and paths["md"].with_name("study.signal.png").stat().st_size > 1000
     assert report["claims"][0]["metric"] == "world_test" and report["claims"][1]["metric"] == "benchmark_average"
     md = paths["md"].read_text()
     assert "| **ril** (baseline) |" in md and "RIL beats its SFT start" in md
@@ -102,6 +115,8 @@ def test_study_runs_reports_tracks_and_skips_finished_runs(project, monkeypatch,
         assert result["variant"] == key.split("/")[0]
         assert not (folder / "models/rl").exists() and not (folder / "models/merged").exists()  # results only
     ril = json.loads((folders["ril/seed-0"] / "result.json").read_text())
+    assert [r["step"] for r in ril["curve"]] == [1, 2] and "similarity_reward_student" in ril["curve"][0]
+    assert "heldout_auroc" in ril["upstream_metrics"]["disc_pretrain"]
     assert set(ril["models"]) == {"rl_final", "merged"} and len(ril["models"]["rl_final"]["benchmarks"]) == 14
     assert len(ril["models"]["merged"]["world_test"]["correct"]) == 12
     assert (folders["ril/seed-0"] / "data").is_symlink()

@@ -253,6 +253,9 @@ def test_a_file_with_parts_runs_in_one_queue_and_tabulates_every_claim(project, 
     assert len(table) == 2 and "GRPO beats its warm start" in table[0] and "`gtpo` >= `gtpo_g0.5`, margin 5)" in table[1]
     assert all(any(v in line for v in ("**reproduced**", "**not reproduced**", "**inconclusive**")) for line in table)
     assert "## second: tool study `both.second`" in md and "accuracy" in md
+    # the parts' training curves as pictures beside the file's report, shown by it
+    assert "![collapse curves of `both.first`](results.first.collapse.png)" in md
+    assert (project / "reports/results.first.collapse.png").stat().st_size > 1000
     combined = json.loads((project / "reports/study/both.json").read_text())
     assert set(combined["parts"]) == {"first", "second"}
     claim = combined["parts"]["second"]["claims"][0]

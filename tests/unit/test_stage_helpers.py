@@ -52,3 +52,21 @@ def test_rl_resume_state_is_tied_to_its_inputs(tmp_path):
     cfg = RLConfig()
     assert fingerprint(cfg, 0, before) != fingerprint(cfg, 0, after)
     assert fingerprint(cfg, 0) == fingerprint(cfg, 0, "")
+
+
+def test_step_history_is_rewritten_every_step_and_kept_across_a_resume(tmp_path):
+    import pandas as pd
+
+    from protege.stages.common import StepHistory
+
+    path = tmp_path / "reports/agent/train_curve.csv"
+    h = StepHistory(path)
+    assert pd.read_csv(path).columns.tolist() == ["step"]  # a file from the start (DVC expects it)
+    for step in (1, 2, 3):
+        h.add(step, {"reward": step / 10, **({"eval_success": 0.5} if step == 2 else {})})
+    assert pd.read_csv(path)["step"].tolist() == [1, 2, 3]
+    again = StepHistory(path, resumed_after=2)  # killed after step 3, its state saved at step 2
+    assert again.rows == [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.2, "eval_success": 0.5}]
+    again.add(3, {"reward": 0.4})
+    assert pd.read_csv(path)["reward"].tolist() == [0.1, 0.2, 0.4]
+    assert StepHistory(path, resumed_after=0).rows == [] and pd.read_csv(path).empty  # a fresh run

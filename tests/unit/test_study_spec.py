@@ -195,7 +195,7 @@ def test_a_study_can_require_what_the_warm_start_was_made_with(project):
     with pytest.raises(ConfigError) as exc:
         load_study(project / "p24.yaml", project)
     msg = str(exc.value)
-    assert 'requires agent.env: "points24", but' in msg and '"grid"' in msg and "dvc repro agent_sft" in msg, msg
+    assert 'project_params agent.env: "points24", but' in msg and '"grid"' in msg and "dvc repro agent_sft" in msg, msg
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["agent"]["env"] = "points24"
     (project / "params.yaml").write_text(yaml.safe_dump(params))
@@ -204,6 +204,28 @@ def test_a_study_can_require_what_the_warm_start_was_made_with(project):
     assert run.config.agent.env == "points24" and run.config.agent.rl.gtr.guidance == "kl"
     assert run.config.agent.rl.gtr.kl_coef == 1.0 and run.config.agent.rl.max_new_tokens == 96
     assert study.find_run("plain", 2).config.agent.rl.gtr.guidance == "none"
-    bad = (project / "p24.yaml").read_text().replace("requires: {agent.env: points24}", "requires: {agent.nope: 1}")
-    with pytest.raises(ConfigError, match="requires.agent.nope: no such setting"):
+    bad = (project / "p24.yaml").read_text().replace("project_params: {agent.env: points24}",
+                                                  "project_params: {agent.nope: 1}")
+    with pytest.raises(ConfigError, match="project_params.agent.nope: no such setting"):
         load_study(write(project, bad), project)
+
+
+def test_the_headline_claims_require_their_preconditions(project):
+    """GTR-Turbo's claims wait for plain RL's collapse and a leading teacher (the curve every 10 steps);
+    RIL's for a discriminator that separates and a similarity reward that starts in range."""
+    from protege.study.spec import load_suite
+
+    shutil.copy(REPO / "studies/headline.yaml", project / "headline.yaml")
+    suite = load_suite(project / "headline.yaml", project)
+    gtr, ril = suite.study("gtr_turbo"), suite.study("ril")
+    assert gtr.find_run("plain", 1).config.agent.rl.eval_every == 10
+    assert gtr.claims[0].requires == ("plain_thoughts_collapse", "teacher_leads")
+    collapse = next(p for p in gtr.preconditions if p.name == "plain_thoughts_collapse")
+    assert (collapse.variant, collapse.metric, collapse.ratio, collapse.window) == ("plain", "distinct_thoughts_per_state",
+                                                                                   0.5, 5)
+    auroc, sim = ril.preconditions
+    assert (auroc.metric, auroc.kind, auroc.threshold) == ("disc_pretrain.heldout_auroc", "above", 0.6)
+    assert (sim.metric, sim.kind, sim.lo, sim.hi, sim.at) == ("similarity_reward_student", "between", 0.3, 0.7, "first")
+    assert all(c.requires == ("disc_separates", "similarity_starts_in_range") for c in ril.claims)
+    shutil.copy(REPO / "studies/gtr_turbo.yaml", project / "gtr_turbo.yaml")
+    assert len(load_study(project / "gtr_turbo.yaml", project).preconditions) == 6
