@@ -93,12 +93,7 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
                                         "tool_calls_per_episode", "runtime_error_rate", "shaping_reward_mean")
                             if all(key in h for h in history)
                             for part, rows in (("first_quarter", history[:k]), ("last_quarter", history[-k:]))}
-<<<<<<< HEAD
-        (root / layout.report).mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(history).to_csv(root / layout.report / "train_curve.csv", index=False)
     summary["seconds"] = time.perf_counter() - t0
-=======
->>>>>>> precond
     return summary
 
 

@@ -177,14 +177,9 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     run.log_model(saved[-1], model_name, params=tracked_params(c))
     # seconds: what a study scales its expected time from (protege/study/estimate.py)
     summary = {"algorithm": algorithm, "checkpoints": len(saved), "resumed_after_step": resumed,
-<<<<<<< HEAD
                "processes": world()[1], "seconds": time.perf_counter() - t0}
-    if history:
-=======
-               "processes": world()[1]}
     history = steps.rows
     if history:  # the first and last quarter of the run's steps
->>>>>>> precond
         k = max(1, len(history) // 4)
         for key in ("reward", "answer_reward_student", "similarity_reward_student", "disc_accuracy"):
             if all(key in h for h in history):
