@@ -213,6 +213,29 @@ class Section(BaseModel):
             raise ValueError(f"{value} is out of range (at most {_INT_CEILING})")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_defaults(cls, data):
+        """A sub-section given in part keeps the defaults its parent declares for it: `tool: {rl: {steps: 5}}`
+        still has tool.rl's algorithm gtpo, not the class's grpo, so a key missing from a params file always
+        takes the default `Config()` (and docs/configuration.md) shows."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, field in cls.model_fields.items():
+            if isinstance(field.default, BaseModel) and isinstance(out.get(name), dict):
+                out[name] = _under(field.default, out[name])
+        return out
+
+
+def _under(default: BaseModel, given: dict) -> dict:
+    """`given` over the settings `default` was built with explicitly (its parent's declared defaults), deeply."""
+    out: dict = {k: getattr(default, k) for k in default.model_fields_set}
+    for key, value in given.items():
+        below = out.get(key)
+        out[key] = _under(below, value) if isinstance(below, BaseModel) and isinstance(value, dict) else value
+    return out
+
 
 class WorldConfig(Section):
     seed: int = 1234
