@@ -155,7 +155,7 @@ def test_every_resume_fingerprint_ignores_cadence_and_placement_and_sees_the_lr(
             return sft_fingerprint(AgentConfig(sft=changes), 64, 0)
         if loop == "rl":
             return rl_fingerprint(RLConfig(**changes), 0)
-        return agent_fingerprint(AgentConfig(rl=changes), 0)
+        return agent_fingerprint(AgentConfig(rl={"schedule": "constant", **changes}), 0)  # steps count under cosine
 
     same = {"save_every": 7}
     if loop in ("sft", "agent_sft"):
