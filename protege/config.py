@@ -213,15 +213,40 @@ class Section(BaseModel):
             raise ValueError(f"{value} is out of range (at most {_INT_CEILING})")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_defaults(cls, data):
+        """A sub-section given in part keeps the defaults its parent declares for it: `tool: {rl: {steps: 5}}`
+        still has tool.rl's algorithm gtpo, not the class's grpo, so a key missing from a params file always
+        takes the default `Config()` (and docs/configuration.md) shows."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, field in cls.model_fields.items():
+            if isinstance(field.default, BaseModel) and isinstance(out.get(name), dict):
+                out[name] = _under(field.default, out[name])
+        return out
+
+
+def _under(default: BaseModel, given: dict) -> dict:
+    """`given` over the settings `default` was built with explicitly (its parent's declared defaults), deeply."""
+    out: dict = {k: getattr(default, k) for k in default.model_fields_set}
+    for key, value in given.items():
+        below = out.get(key)
+        out[key] = _under(below, value) if isinstance(below, BaseModel) and isinstance(value, dict) else value
+    return out
+
 
 class WorldConfig(Section):
+    # the sizes are the demo's (9 question kinds, dealt evenly): large enough that RL cannot memorise its pool
     seed: int = 1234
-    n_train: int = Field(2400, ge=8, le=10_000_000)
-    n_rl: int = Field(320, ge=4, le=10_000_000)
-    n_val: int = Field(160, ge=4, le=10_000_000)      # held-out slice for learning curves during RL
-    n_test: int = Field(400, ge=4, le=10_000_000)
+    n_train: int = Field(5400, ge=8, le=10_000_000)   # the SFT pool
+    n_rl: int = Field(4608, ge=4, le=10_000_000)      # questions for RL (curated from this pool)
+    n_val: int = Field(216, ge=4, le=10_000_000)      # held-out slice for learning curves during RL
+    n_test: int = Field(1080, ge=4, le=10_000_000)    # held-out test split: 120 questions of each kind
     image_size: int = Field(64, ge=16, le=4096)
-    vocab_size: int = Field(512, ge=300, le=1_000_000)
+    # the locally trained byte-level BPE tokenizer's size (the world's text fills ~760)
+    vocab_size: int = Field(1024, ge=300, le=1_000_000)
     # benchmark prompt formats the SFT pool never uses (the RL pool and the test split do): the formats
     # post-training must teach, e.g. [mmstar, mmvet]
     sft_held_out_formats: list[str] = []
@@ -325,9 +350,11 @@ class ModelConfig(Section):
 
 
 class CurateConfig(Section):
-    max_tokens: int = Field(96, ge=8, le=1_000_000)            # prompt + image + answer tokens; longer rows are dropped
+    max_tokens: int = Field(128, ge=8, le=1_000_000)           # prompt + image + answer tokens; longer rows are dropped
     max_teacher_tokens: int = Field(48, ge=4, le=1_000_000)  # longer teacher answers leave the training view
-    select: int = Field(256, ge=1, le=10_000_000)               # questions kept for RL after log-prob sampling
+    # questions kept for RL after log-prob sampling; the demo's 384 per kind of world.n_rl (a demo value: your
+    # own pool wants its own number)
+    select: int = Field(3456, ge=1, le=10_000_000)
     rule: Literal["softmax", "stratified", "lowest"] = "softmax"
     tau: float = Field(0.5, gt=0, le=1000)                # softmax temperature over -logprob
     buckets: int = Field(4, ge=1, le=1000)                # stratified: log-prob quantile buckets
@@ -389,13 +416,14 @@ class TeachersConfig(Section):
 
 class SFTConfig(Section):
     trainable: Literal["all", "lora"] = "all"   # lora: adapters (model.lora); the checkpoint holds both forms
-    steps: int = Field(300, ge=1, le=10_000_000)
+    # the demo's length on the tiny world: the student perceives every kind but leaves headroom for RL
+    steps: int = Field(1500, ge=1, le=10_000_000)
     batch_size: int = Field(32, ge=1, le=1_000_000)
     lr: float = Field(2e-3, gt=0, le=10)
     weight_decay: float = Field(0.0, ge=0, le=100)
     schedule: Literal["constant", "cosine"] = "cosine"  # cosine: decays to 10% of lr by the last step
-    warmup_steps: int = Field(0, ge=0, le=10_000_000)
-    log_every: int = Field(20, ge=1, le=10_000_000, **affects(NOTHING))
+    warmup_steps: int = Field(50, ge=0, le=10_000_000)
+    log_every: int = Field(100, ge=1, le=10_000_000, **affects(NOTHING))
     # the training runtime (protege/runtime), as for rl
     backend: Literal["torch", "deepspeed"] = "torch"  # deepspeed: ZeRO, and several processes under torchrun
     zero_stage: Literal[2, 3] = 2
@@ -438,7 +466,7 @@ class RolloutsConfig(SamplingConfig):
 
 
 class DiscPretrainConfig(Section):
-    steps: int = Field(60, ge=1, le=10_000_000)
+    steps: int = Field(200, ge=1, le=10_000_000)  # reaches the style ceiling on the world (held-out accuracy ~0.75)
     batch_size: int = Field(32, ge=2, le=1_000_000)
     lr: float = Field(1e-3, gt=0, le=10)
     holdout_fraction: float = Field(0.2, gt=0, lt=1)
@@ -458,16 +486,19 @@ ADVANTAGE = r"^[a-z][a-z0-9_]*$"  # a module of protege/rl/estimators, checked a
 
 
 class RLConfig(SamplingConfig):
-    algorithm: Literal["dr_grpo", "grpo", "ril"] = "dr_grpo"
+    algorithm: Literal["dr_grpo", "grpo", "ril"] = "ril"  # ril needs the teachers and disc_pretrain stages' outputs
     # the advantage estimator (protege/rl/estimators); null: the algorithm's own (ril: dr_grpo over its 2G group)
     advantage: str | None = Field(None, pattern=ADVANTAGE)
-    steps: int = Field(40, ge=1, le=10_000_000, **affects(LENGTH))
+    steps: int = Field(100, ge=1, le=10_000_000, **affects(LENGTH))
     questions_per_step: int = Field(8, ge=1, le=1_000_000)
     group_size: int = Field(4, ge=2, le=1024)
-    lr: float = Field(5e-5, gt=0, le=10)
+    lr: float = Field(3e-4, gt=0, le=10)  # the tiny student's rate (a demo value: a 7B model wants ~1e-5)
     clip_eps: float = Field(0.2, gt=0, lt=1)
     kl_beta: float = Field(0.04, ge=0, le=1000)
     repetition_penalty: float = Field(1.05, gt=0, le=100)
+    # the world's answers are 1-3 tokens and Dr.GRPO divides by this length (a demo value: it truncates a real
+    # model's answers; set it to what your answers need)
+    max_new_tokens: int = Field(8, ge=1, le=1_000_000)
     # lora: fresh adapters (model.lora) on the SFT weights; the KL reference is that model with adapters off
     trainable: Literal["attention+embeddings+head", "all", "attention", "lora"] = "attention+embeddings+head"
     save_every: int = Field(10, ge=1, le=10_000_000, **affects(OUTPUTS))
@@ -497,8 +528,8 @@ class RLConfig(SamplingConfig):
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     offload_idle: bool = Field(True, **affects(NOTHING))  # reference model / discriminator on the device only while used
     # learning curve: greedy accuracy on the world's val split at step 0, every eval_every steps and at the end
-    eval_every: int = Field(10, ge=0, le=10_000_000)             # 0: no learning curve
-    eval_items: int = Field(160, ge=1, le=10_000_000)  # val rows used (the first ones)
+    eval_every: int = Field(20, ge=0, le=10_000_000)             # 0: no learning curve
+    eval_items: int = Field(216, ge=1, le=10_000_000)  # val rows used (the first ones; the demo's whole val split)
     # the rl_baseline stage: the same run (seed, steps, lr, group size, ...) with this algorithm; null: none
     baseline: Literal["dr_grpo", "grpo", "ril"] | None = Field("dr_grpo", **affects(OUTPUTS))
 
@@ -636,7 +667,7 @@ class AgentRLConfig(SamplingConfig):
     # ppo: one per turn, from GAE with a value head on the policy (ppo section)
     algorithm: Literal["grpo", "dr_grpo", "gtpo", "ppo"] = "grpo"
     advantage: str | None = Field(None, pattern=ADVANTAGE)  # the advantage estimator; null: the algorithm's own
-    steps: int = Field(30, ge=1, le=10_000_000, **affects(LENGTH))
+    steps: int = Field(40, ge=1, le=10_000_000, **affects(LENGTH))
     seeds_per_step: int = Field(4, ge=1, le=1_000_000)   # layouts per step; each is played group_size times
     group_size: int = Field(4, ge=2, le=1024)
     lr: float = Field(1e-4, gt=0, le=10)
@@ -700,7 +731,9 @@ class AgentConfig(Section):
     grid: GridEnvConfig = GridEnvConfig()
     points24: Points24EnvConfig = Points24EnvConfig()
     sft: AgentSFTConfig = AgentSFTConfig()
-    rl: AgentRLConfig = AgentRLConfig()
+    # PPO, GTR-Turbo's base, with its KL guidance to the merge of the run's checkpoints, the rate annealed as
+    # GTR-Turbo's code anneals it. A sub-section given in part keeps these (see Section._declared_defaults).
+    rl: AgentRLConfig = AgentRLConfig(algorithm="ppo", schedule="cosine", gtr=GTRConfig(guidance="kl"))
     eval_episodes: int = Field(200, ge=1, le=1_000_000, **affects(OUTPUTS))  # held-out seeds: the success rate
     eval_batch: int = Field(64, ge=1, le=1_000_000, **affects(OUTPUTS))
 
@@ -740,7 +773,7 @@ class ToolConfig(Section):
     context: Literal["full"] = "full"
     task: ToolTaskConfig = ToolTaskConfig()
     sandbox: SandboxConfig = SandboxConfig()
-    sft: AgentSFTConfig = AgentSFTConfig()
+    sft: AgentSFTConfig = AgentSFTConfig(steps=800)
     # share of the solver's product episodes whose first program forgets `import math` and is fixed in the
     # next tool call: runtime errors in the warm start that RL can learn to avoid
     solver_slips: float = Field(0.5, ge=0, le=1)

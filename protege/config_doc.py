@@ -14,9 +14,11 @@ HEADER = """# Configuration
 Every setting of `params.yaml`, with its type and default (rendered from `protege/config.py`; an unknown key is
 an error that names the allowed ones). "changes" says what a different value changes: `results` (the trained
 weights, so DVC re-runs the stage), `length` (how far a run goes), `outputs` (which files are written) or
-`nothing` (speed, memory, logging, placement). The defaults here are the schema's: a key missing from a params
-file takes them. The demo's `params.yaml` sets some of them differently (larger world, RIL as the algorithm);
-its comments say what each setting does.
+`nothing` (speed, memory, logging, placement). The defaults here are the schema's, and the repository's
+`params.yaml` is exactly them: it names every setting with a comment saying what it does, and a test
+(`tests/unit/test_params_defaults.py`) fails when the two differ. A key missing from a params file takes its
+default here, also inside a sub-section given in part. Some defaults are sized for the demo's tiny world (the
+world's sizes, `curate.select`, step counts, `rl.lr`, `rl.max_new_tokens`): set those for your own model and data.
 """
 
 

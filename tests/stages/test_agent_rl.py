@@ -23,7 +23,8 @@ def tiny_cfg(context="full", **gtr):
         "grid": {"max_turns": 2},
         "sft": {"episodes": 8, "steps": 2, "batch_size": 4},
         "rl": {"steps": 3, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6, "save_every": 1,
-               "lr": 1e-3, "gtr": {"guidance": "kl", "merge": "average", **gtr}},
+               "lr": 1e-3, "algorithm": "grpo", "schedule": "constant",
+               "gtr": {"guidance": "kl", "merge": "average", **gtr}},
         "eval_episodes": 4})
 
 

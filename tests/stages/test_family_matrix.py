@@ -88,7 +88,7 @@ def test_a_family_goes_through_every_stage(family, tmp_path, tiny_world):
     before = state(model)
     logs = []
     # with a resume state every step: tied weights (Gemma's embeddings and LM head) are saved as well
-    train_sft(model, processor, train, SFTConfig(steps=3, batch_size=4, lr=3e-3, log_every=1, save_every=1), seed=0,
+    train_sft(model, processor, train, SFTConfig(steps=3, batch_size=4, lr=3e-3, warmup_steps=0, log_every=1, save_every=1), seed=0,
               on_log=lambda s, m: logs.append(m), state_dir=tmp_path / "sft_state")
     assert logs and all(torch.isfinite(torch.tensor(m["loss"])) for m in logs)
     assert moved(before, model)
@@ -141,7 +141,9 @@ def test_a_family_goes_through_every_stage(family, tmp_path, tiny_world):
     # one agent RL step (multi-turn: each turn's observation rendered by the family's template)
     agent = AgentConfig.model_validate({"grid": {"max_turns": 2}, "rl": {"steps": 1, "seeds_per_step": 2,
                                                                           "group_size": 2, "max_new_tokens": 6,
-                                                                          "save_every": 1, "lr": 1e-3}})
+                                                                          "save_every": 1, "lr": 1e-3,
+                                                                          "algorithm": "grpo", "schedule": "constant",
+                                                                          "gtr": {"guidance": "none"}}})
     a_logs = []
     run_agent_rl(merged, merged_processor, agent, 64, tmp_path / "agent", seed=0, on_log=lambda s, m: a_logs.append(m))
     assert len(a_logs) == 1 and torch.isfinite(torch.tensor(a_logs[0]["loss"]))
@@ -158,7 +160,7 @@ def test_one_tool_rl_step(family, tmp_path):
     model, processor = load_student(build_family(family, tmp_path / "base"))
     tool = ToolConfig.model_validate({"task": {"kinds": ["arithmetic"]},
                                       "rl": {"steps": 1, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 16,
-                                             "save_every": 1, "lr": 1e-3},
+                                             "save_every": 1, "lr": 1e-3, "algorithm": "grpo"},
                                       "sandbox": {"timeout_s": 2.0}})
     logs = []
     run_agent_rl(model, processor, tool, 64, tmp_path / "tool", seed=0, on_log=lambda s, m: logs.append(m))
@@ -176,7 +178,7 @@ def test_lora_sft_then_ril_trains_only_adapters(family, tmp_path, tiny_world):
     train = [r for r in load_rows(tiny_world / "train.parquet") if not isinstance(r.image, list)][:8]
     model = add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="auto")
     before = state(model)
-    train_sft(model, processor, train, SFTConfig(steps=2, batch_size=4, lr=1e-2), seed=0)
+    train_sft(model, processor, train, SFTConfig(steps=2, batch_size=4, lr=1e-2, warmup_steps=0), seed=0)
     changed = moved(before, model)
     assert changed and all(".lora_" in k for k in changed), sorted(changed)[:5]
     save_student(model, processor, tmp_path / "sft")
@@ -195,7 +197,7 @@ def test_lora_sft_then_ril_trains_only_adapters(family, tmp_path, tiny_world):
     rows = load_rows(tiny_world / "rl.parquet")[:4]
     saved = run_rl(policy, None, processor, RLInputs(rows),
                    RLConfig(steps=2, questions_per_step=2, group_size=2, max_new_tokens=4, save_every=2, lr=1e-2,
-                            trainable="lora", kl_beta=0.1), tmp_path / "rl", seed=0, on_log=lambda s, m: logs.append(m))
+                            trainable="lora", kl_beta=0.1, algorithm="dr_grpo"), tmp_path / "rl", seed=0, on_log=lambda s, m: logs.append(m))
     assert logs[0]["kl"] == 0.0 and all(torch.isfinite(torch.tensor(m["loss"])) for m in logs)
     assert all(".lora_" in k for k in moved(before, policy))
     reloads_as_merged = AutoModelForImageTextToText.from_pretrained(str(saved[-1]), use_safetensors=True)
@@ -226,7 +228,7 @@ def test_gradient_checkpointing_gives_the_same_update(tmp_path, tiny_world):
         model, processor = load_model(cfg, folder)
         assert model.is_gradient_checkpointing == checkpointing
         logs = []
-        train_sft(model, processor, train, SFTConfig(steps=2, batch_size=4, lr=1e-3, log_every=1), seed=0,
+        train_sft(model, processor, train, SFTConfig(steps=2, batch_size=4, lr=1e-3, warmup_steps=0, log_every=1), seed=0,
                   on_log=lambda s, m: logs.append(m["loss"]))
         results.append((logs, state(model)))
     (loss_a, w_a), (loss_b, w_b) = results
@@ -247,7 +249,8 @@ def test_lora_agent_rl_with_a_merged_teacher(family, tmp_path):
     before = state(policy)
     agent = AgentConfig.model_validate({"grid": {"max_turns": 2}, "rl": {
         "steps": 2, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6, "save_every": 1, "lr": 1e-2,
-        "trainable": "lora", "kl_beta": 0.1, "gtr": {"guidance": "kl", "merge": "average"}}})
+        "trainable": "lora", "kl_beta": 0.1, "gtr": {"guidance": "kl", "merge": "average"}, "algorithm": "grpo",
+        "schedule": "constant"}})
     logs = []
     saved = run_agent_rl(policy, processor, agent, 64, tmp_path / "agent", seed=0, on_log=lambda s, m: logs.append(m),
                          new_env=VarietyEnv)  # rewards that differ within a group: the update is not zero
@@ -312,7 +315,7 @@ def test_bfloat16_weights_and_autocast_forwards(tmp_path, tiny_world):
     assert seen == [(bf16_native("cpu"), torch.bfloat16)]
     policy = add_lora(model, rank=4, alpha=8, dropout=0.0, target_modules="auto")
     logs = []
-    train_sft(policy, processor, train, SFTConfig(steps=2, batch_size=4, lr=1e-2, log_every=1), seed=0,
+    train_sft(policy, processor, train, SFTConfig(steps=2, batch_size=4, lr=1e-2, warmup_steps=0, log_every=1), seed=0,
               on_log=lambda s, m: logs.append(m["loss"]))
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(x)) for x in logs)
     assert len(seen) > 1 and all(s == (bf16_native("cpu"), torch.bfloat16) for s in seen[1:])

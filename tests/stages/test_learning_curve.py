@@ -11,7 +11,7 @@ from protege.stages import rl as rl_stage
 from protege.stages import rl_baseline
 
 RL = dict(steps=5, questions_per_step=2, group_size=2, max_new_tokens=4, save_every=1, lr=1e-3, eval_every=2,
-          eval_items=6)
+          eval_items=6, algorithm="dr_grpo")
 
 
 class Killed(Exception):

@@ -143,7 +143,7 @@ def agent_cfg(algorithm, guidance="none", tokens=None, objective="token"):
         "rl": {"algorithm": algorithm, "steps": 1, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6,
                "save_every": 1, "lr": 1e-3, "kl_beta": 0.0 if rl4vlm else 0.04, "micro_batch_tokens": tokens,
                "temperature": 0.5 if rl4vlm else 1.0, "ppo": {"objective": objective},
-               "gtr": {"guidance": guidance, "merge": "average"}},
+               "gtr": {"guidance": guidance, "merge": "average"}, "schedule": "constant"},
         "eval_episodes": 2})
 
 
@@ -185,7 +185,7 @@ def test_sft_and_discriminator_gradients_do_not_depend_on_the_split(tiny_student
     rows = load_rows(tiny_world / "train.parquet")
     assert_same_grads(*split_and_whole(lambda tokens: train_sft(
         copy.deepcopy(tiny_student), tiny_processor, rows,
-        SFTConfig(steps=1, batch_size=6, micro_batch_tokens=tokens), seed=0)))
+        SFTConfig(steps=1, batch_size=6, warmup_steps=0, micro_batch_tokens=tokens), seed=0)))
 
     examples = [Example(r.id, r.question, r.image, r.answer if i % 2 else f"It is {r.answer}.", float(i % 2))
                 for i, r in enumerate(rows[:16])]

@@ -43,11 +43,11 @@ def test_dr_grpo_updates_only_trainable_groups(tiny_student, tiny_processor, tin
 
     # a little SFT first, so that some sampled answers are right and the group rewards differ
     train_sft(tiny_student, tiny_processor, load_rows(tiny_world / "train.parquet"),
-              SFTConfig(steps=30, batch_size=16, lr=3e-3), seed=0)
+              SFTConfig(steps=30, batch_size=16, lr=3e-3, warmup_steps=0), seed=0)
     policy, ref = tiny_student, copy.deepcopy(tiny_student)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     logs = []
-    saved = run_rl(policy, ref, tiny_processor, RLInputs(rows), RLConfig(**{**BASE, "group_size": 4}), tmp_path,
+    saved = run_rl(policy, ref, tiny_processor, RLInputs(rows), RLConfig(**{**BASE, "group_size": 4}, algorithm="dr_grpo"), tmp_path,
                    seed=0, on_log=lambda s, m: logs.append(m))
     assert any(m["advantage_std"] > 0 for m in logs)
     assert [p.name for p in saved] == ["step-00002", "step-00003"]
@@ -140,7 +140,7 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tiny_student, t
         return output
 
     ref.register_forward_hook(poison)
-    cfg = RLConfig(**{**BASE, "save_every": 1})
+    cfg = RLConfig(**{**BASE, "save_every": 1}, algorithm="dr_grpo")
     with pytest.raises(FloatingPointError, match="at step 2; last good checkpoint: .*step-00001"):
         run_rl(tiny_student, ref, tiny_processor, RLInputs(rows), cfg, tmp_path, seed=0)
     assert (tmp_path / "step-00001" / "model.safetensors").exists() and not (tmp_path / "step-00002").exists()
@@ -224,7 +224,7 @@ def test_offloading_idle_models_changes_nothing(tiny_student, tiny_processor, ro
 def test_cuda_without_cuda_is_a_user_error(tiny_student, tiny_processor, rows, tmp_path):
     with pytest.raises(UserFacingError, match="rl.device is 'cuda'"):
         run_rl(tiny_student, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows),
-               RLConfig(**BASE, device="cuda"), tmp_path, seed=0)
+               RLConfig(**BASE, algorithm="dr_grpo", device="cuda"), tmp_path, seed=0)
 
 
 def test_learning_curve_changes_no_weight_and_runs_at_its_steps(tiny_student, tiny_processor, tiny_world, rows,
@@ -353,7 +353,7 @@ def test_no_kl_term_needs_no_reference_and_changes_no_weight(tiny_student, tiny_
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], v) for k, v in tiny_student.state_dict().items())
     with pytest.raises(ValueError, match="rl.kl_beta > 0 needs a reference model"):
-        run_rl(copy.deepcopy(tiny_student), None, tiny_processor, RLInputs(rows), RLConfig(**BASE), tmp_path / "c",
+        run_rl(copy.deepcopy(tiny_student), None, tiny_processor, RLInputs(rows), RLConfig(**BASE, algorithm="dr_grpo"), tmp_path / "c",
                seed=0)
 
 

@@ -56,7 +56,7 @@ def test_vllm_rollouts_follow_the_policy_through_syncs(tiny_student, tiny_proces
         # a judge that tells samples apart from the first step (the untrained student is never right)
         judge = lambda qs, refs, texts: [float(len(t) % 2) for t in texts]  # noqa: E731
         run_rl(policy, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows, judge=judge),
-               RLConfig(**BASE, generation=generation, vllm_memory=0.25), tmp_path / generation, seed=0,
+               RLConfig(**BASE, algorithm="dr_grpo", generation=generation, vllm_memory=0.25), tmp_path / generation, seed=0,
                on_log=lambda s, m: logs.append(m))
         runs[generation] = (policy.state_dict(), logs)
     [engine] = engines

@@ -54,7 +54,7 @@ def test_sft_changes_parameters_and_lowers_loss(tiny_student, tiny_processor, ti
     with torch.no_grad():
         loss0 = answer_loss(tiny_student, batch).item()
     logged = []
-    train_sft(tiny_student, tiny_processor, rows, SFTConfig(steps=15, batch_size=16, lr=2e-3, log_every=5), seed=0,
+    train_sft(tiny_student, tiny_processor, rows, SFTConfig(steps=15, batch_size=16, lr=2e-3, warmup_steps=0, log_every=5), seed=0,
               on_log=lambda s, m: logged.append(m["loss"]))
     with torch.no_grad():
         loss1 = answer_loss(tiny_student, batch).item()

@@ -24,7 +24,7 @@ def tiny_cfg(**rl):
         "task": {"kinds": ["arithmetic"]},
         "sft": {"episodes": 4, "steps": 60, "batch_size": 4, "lr": 5e-3},
         "rl": {"steps": 2, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 64, "save_every": 1,
-               "lr": 1e-3, **rl},
+               "lr": 1e-3, "algorithm": "grpo", **rl},
         "sandbox": {"timeout_s": 2.0},
         "eval_episodes": 4, "eval_batch": 4})
 

@@ -24,6 +24,15 @@ def test_defaults_fill_missing_sections(tmp_path):
     assert cfg.seed == 3 and cfg == Config(seed=3)
 
 
+def test_a_sub_section_given_in_part_keeps_its_declared_defaults(tmp_path):
+    """tool.rl is an AgentRLConfig whose defaults ToolConfig declares (gtpo, 64 new tokens): a params file giving
+    a few of its keys gets those for the rest, as Config() and docs/configuration.md show, not the class's."""
+    cfg = load_config(write(tmp_path, "tool:\n  rl: {steps: 3, gtpo: {gamma: 0.5}}\n"))
+    assert (cfg.tool.rl.algorithm, cfg.tool.rl.max_new_tokens) == (Config().tool.rl.algorithm, 64) == ("gtpo", 64)
+    assert (cfg.tool.rl.steps, cfg.tool.rl.gtpo.gamma) == (3, 0.5)
+    assert load_config(write(tmp_path, "tool:\n  rl: {algorithm: grpo}\n")).tool.rl.algorithm == "grpo"
+
+
 def test_unknown_key_is_named(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, "rl:\n  learning_rate: 0.1\n"))
@@ -146,7 +155,7 @@ def test_every_resume_fingerprint_ignores_cadence_and_placement_and_sees_the_lr(
             return sft_fingerprint(AgentConfig(sft=changes), 64, 0)
         if loop == "rl":
             return rl_fingerprint(RLConfig(**changes), 0)
-        return agent_fingerprint(AgentConfig(rl=changes), 0)
+        return agent_fingerprint(AgentConfig(rl={"schedule": "constant", **changes}), 0)  # steps count under cosine
 
     same = {"save_every": 7}
     if loop in ("sft", "agent_sft"):
