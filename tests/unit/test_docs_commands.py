@@ -115,3 +115,13 @@ def test_the_parser_refuses_what_the_cli_lacks():
     with pytest.raises(UsageError):
         parse_protege(["plan", "--no-such-option"])
     assert "no-such-target" not in make_targets() and "demo" in make_targets()
+
+
+def test_the_documented_memory_table_is_the_plans_output(monkeypatch):
+    monkeypatch.chdir(REPO)
+    page = (REPO / "docs/own-model.md").read_text()
+    command = next(c for p, c in PROTEGE if p == "docs/own-model.md" and _protege_argv(c)[0] == "plan")
+    printed = CliRunner().invoke(app, _protege_argv(command)).output
+    table = [line for line in printed.splitlines() if line.startswith("|")]
+    start = page.index(table[0])
+    assert page[start:].splitlines()[:len(table)] == table, "docs/own-model.md's memory table is not `protege plan`'s"
