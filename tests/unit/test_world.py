@@ -61,7 +61,7 @@ def test_scene_pixels_show_the_colour():
 
 def test_scripted_teachers_differ_and_are_deterministic():
     args = ("count", "3", ["1", "2", "3", "4"], "rl-000001", 0, 0.0, 0)
-    assert scripted_answer("verbose", *args).startswith("3")  # the answer first, as benchmarks ask
+    assert scripted_answer("verbose", *args).startswith("3")  # no recorded facts: the answer alone
     concise = scripted_answer("concise", *args)
     verbose = scripted_answer("verbose", *args)
     assert concise == scripted_answer("concise", *args)
