@@ -250,6 +250,25 @@ class WorldConfig(Section):
     # benchmark prompt formats the SFT pool never uses (the RL pool and the test split do): the formats
     # post-training must teach, e.g. [mmstar, mmvet]
     sft_held_out_formats: list[str] = []
+    # the scripted teachers and the SFT targets give a short grounded account of the image before the marked
+    # final answer ("I see 3 red circles. Answer: 3."); the judge reads only the final answer. false: the
+    # answer alone
+    accounts: bool = True
+    # the SFT targets come from a weaker source than the teachers (whose accounts are wrong only with their
+    # answers, at teachers.error_rate), so the SFT student differs from them in content, not style; its final
+    # answer stays the reference. How often its account leaves what the answer rests on unstated ("some red
+    # circles. Answer: 3") ...
+    sft_account_vague: float = Field(0.4, ge=0, le=1)
+    # ... and how often it otherwise misreports one of the facts it states (a count, a colour, a bar, ...)
+    sft_account_error: float = Field(0.2, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _account_shares(self) -> "WorldConfig":
+        if self.sft_account_vague + self.sft_account_error > 1:
+            raise ValueError(f"world.sft_account_vague + world.sft_account_error is "
+                             f"{self.sft_account_vague + self.sft_account_error:g}; they are shares of the SFT "
+                             "targets' accounts and add up to at most 1")
+        return self
 
     @model_validator(mode="after")
     def _known_formats(self) -> "WorldConfig":

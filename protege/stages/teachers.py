@@ -38,7 +38,8 @@ def requests_for(questions: pd.DataFrame, table: Path, image_hashes: dict[str, s
                             backend.sampling.as_dict(), k)
             out.append(TeacherRequest(key, rec["id"], rec["question"], str(img), rec.get("kind", ""), rec["answer"],
                                       tuple(json.loads(rec.get("candidates") or "[]")), k,
-                                      tuple(str(image_path(table, rel)) for rel in rels[1:])))
+                                      tuple(str(image_path(table, rel)) for rel in rels[1:]),
+                                      facts if isinstance(facts := rec.get("facts"), str) else ""))
     return out
 
 
@@ -53,7 +54,7 @@ def run(cfg: Config, root: Path, run) -> None:
                     for rec in questions.to_dict("records") for rel in image_paths(rec)}
     metrics, views, incomplete = {}, [], []
     for spec in cfg.teachers.pool:
-        backend = build_teacher(spec, root, cfg.teachers.error_rate, cfg.seed)
+        backend = build_teacher(spec, root, cfg.teachers.error_rate, cfg.seed, cfg.world.accounts)
         requests = requests_for(questions, root / CURATED_RL, image_hashes, backend, processor,
                                 cfg.teachers.answers_per_question)
         say("teachers", f"{spec.name} ({spec.backend}): {len(requests)} answers wanted")

@@ -5,7 +5,6 @@ that folder and the tiny student written here is not used.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -17,8 +16,7 @@ from protege.models.tokenizer import train_tokenizer
 from protege.paths import BASE_MODEL, WORLD
 from protege.pool import ensure_pool
 from protege.stages.common import say, write_stage_metrics
-from protege.world.generate import generate_world
-from protege.world.teachers import all_templates
+from protege.world.generate import generate_world, vocabulary_texts
 
 
 def run(cfg: Config, root: Path, run) -> None:
@@ -34,11 +32,8 @@ def run(cfg: Config, root: Path, run) -> None:
     ensure_pool(root)  # sft lists the retraining pool as a dependency, so it exists from the start (empty)
     say("world", ", ".join(f"{k}: {len(v)} rows" for k, v in frames.items()) + f" -> {WORLD}")
 
-    # the tokenizer learns the world's text (questions, answers, teacher phrasings) and nothing else
-    train = frames["train"]
-    texts = list(train["question"]) + list(train["answer"]) + all_templates() * 20
-    texts += [c for cands in train["candidates"] for c in json.loads(cands)]
-    tokenizer = train_tokenizer(texts, cfg.world.vocab_size)
+    # the tokenizer learns the world's text (questions, answers, SFT targets, teacher phrasings) and nothing else
+    tokenizer = train_tokenizer(vocabulary_texts(frames["train"]), cfg.world.vocab_size)
     # the processor's files go straight into the student's folder: an ordinary Hugging Face folder
     processor = StudentProcessor.create(tokenizer, cfg.world.image_size, cfg.model.patch_size, cfg.model.merge_size,
                                         folder=root / BASE_MODEL)

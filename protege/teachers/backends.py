@@ -5,6 +5,7 @@ A backend answers a list of requests and reports each outcome through a callback
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ class TeacherRequest:
     candidates: tuple[str, ...] = ()
     sample_index: int = 0
     extra_image_paths: tuple[str, ...] = ()  # a question about several images: the second one onwards
+    facts: str = ""                # JSON: what the image shows (world questions); only the scripted teachers read it
 
     @property
     def image_paths(self) -> list[str]:
@@ -86,23 +88,27 @@ def ask_texts(backend: TeacherBackend, prompts: dict[str, str]) -> dict[str, str
 
 @dataclass
 class ScriptedTeacher:
-    """The embedded world's teachers: a verbal style, a configurable error rate, deterministic."""
+    """The embedded world's teachers: a verbal style, a configurable error rate, deterministic; with `accounts`
+    an account of the image before the final answer, where a request carries the question's facts."""
     name: str
     error_rate: float
     seed: int
     revision: str = ""  # default: a digest of what decides its answers (so a change is asked anew)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     style: str = ""  # "concise" | "verbose"; defaults to the name (two teachers may share a style)
+    accounts: bool = False  # world.accounts
 
     def __post_init__(self) -> None:
         self.style = self.style or self.name
-        self.revision = self.revision or "scripted-" + behaviour_digest(self.style, self.error_rate, self.seed)
+        self.revision = self.revision or "scripted-" + behaviour_digest(self.style, self.error_rate, self.seed,
+                                                                         self.accounts)
 
     def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
         for r in requests:
             t0 = time.perf_counter()
+            facts = json.loads(r.facts) if self.accounts and r.facts else None
             text = scripted_answer(self.style, r.kind, r.reference, list(r.candidates), r.question_id,
-                                   r.sample_index, self.error_rate, self.seed)
+                                   r.sample_index, self.error_rate, self.seed, facts)
             on_outcome(TeacherAnswer(r.key, text, time.perf_counter() - t0, len(r.question.split()),
                                      len(text.split()), "stop"))
 

@@ -7,10 +7,13 @@ from protege.config import TeacherSpec
 from protege.teachers.backends import SamplingParams, ScriptedTeacher, TeacherBackend, TransformersTeacher, VLLMTeacher
 
 
-def build_teacher(spec: TeacherSpec, root: Path, error_rate: float, seed: int) -> TeacherBackend:
+def build_teacher(spec: TeacherSpec, root: Path, error_rate: float, seed: int,
+                  accounts: bool = False) -> TeacherBackend:
+    """`error_rate` and `accounts` (world.accounts) concern the scripted teachers only."""
     sampling = SamplingParams(spec.temperature, spec.top_p, spec.max_tokens)
     if spec.backend == "scripted":
-        return ScriptedTeacher(spec.name, error_rate, seed, sampling=sampling, style=spec.style or spec.name)
+        return ScriptedTeacher(spec.name, error_rate, seed, sampling=sampling, style=spec.style or spec.name,
+                               accounts=accounts)
     path = Path(spec.model)
     path = path if path.is_absolute() or spec.backend == "openai" else root / path
     if spec.backend == "transformers":

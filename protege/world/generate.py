@@ -4,7 +4,9 @@ Each split is balanced by construction: question kinds are dealt in shuffled rou
 the target answers (option letters included) too, so no constant answer beats chance by more than
 one item's worth (none at all when a kind's count divides by its number of answers). The train split's
 `target` (the SFT target) alternates the two teachers' styles within each (kind, answer), so half of
-every answer is said each way; the other splits leave it null.
+every answer is said each way; with `world.accounts` it is the weaker SFT source's account and then the
+answer (protege.world.teachers.sft_target); the other splits leave it null. `facts` (JSON) records what each
+image shows that its question is about, for the scripted teachers' accounts; the student never sees it.
 """
 from __future__ import annotations
 
@@ -18,11 +20,11 @@ import pandas as pd
 
 from protege.config import WorldConfig
 from protege.world.questions import ANSWERS, KINDS, Deck, make_item
-from protege.world.teachers import STYLES, styled
+from protege.world.teachers import STYLES, all_templates, sft_target, styled
 
 SPLITS = ("train", "rl", "val", "test")
 COLUMNS = ["id", "split", "kind", "family", "question", "answer", "candidates", "options", "image", "extra_images",
-           "difficulty", "target"]
+           "difficulty", "target", "facts"]
 
 
 def split_sizes(cfg: WorldConfig) -> dict[str, int]:
@@ -75,11 +77,14 @@ def generate_split(cfg: WorldConfig, split: str, out_dir: Path, seen: set[tuple[
         if split == "train":
             n = said.get((item.kind, item.answer), 0)
             said[(item.kind, item.answer)] = n + 1
-            target = styled(STYLES[n % len(STYLES)], item.answer)
+            style = STYLES[n % len(STYLES)]
+            target = sft_target(style, item.kind, item.answer, item.facts, item_id, cfg.sft_account_error, cfg.seed,
+                                cfg.sft_account_vague) if cfg.accounts else styled(style, item.answer)
         rows.append({"id": item_id, "split": split, "kind": item.kind, "family": item.family,
                      "question": item.question, "answer": item.answer, "candidates": json.dumps(item.candidates),
                      "options": json.dumps(item.options, ensure_ascii=False), "image": rels[0],
-                     "extra_images": json.dumps(rels[1:]), "difficulty": item.difficulty, "target": target})
+                     "extra_images": json.dumps(rels[1:]), "difficulty": item.difficulty, "target": target,
+                     "facts": json.dumps(item.facts)})
     df = pd.DataFrame(rows, columns=COLUMNS)
     df.to_parquet(out_dir / f"{split}.parquet", index=False)
     return df
@@ -90,3 +95,11 @@ def generate_world(cfg: WorldConfig, out_dir: Path) -> dict[str, pd.DataFrame]:
     seen: set[tuple[str, ...]] = set()
     image_split: dict[str, str] = {}
     return {split: generate_split(cfg, split, out_dir, seen, image_split) for split in SPLITS}
+
+
+def vocabulary_texts(train: pd.DataFrame) -> list[str]:
+    """The text the world's tokenizer learns: the train split's questions, answers, SFT targets and candidate
+    answers, and every phrase a teacher can say."""
+    targets = [t for t in train["target"] if isinstance(t, str)] if "target" in train else []
+    return (list(train["question"]) + list(train["answer"]) + targets + all_templates() * 20
+            + [c for cands in train["candidates"] for c in json.loads(cands)])

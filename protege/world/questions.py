@@ -54,6 +54,10 @@ class Item:
     options: list[str] = field(default_factory=list)  # option texts for multiple-choice items
     difficulty: int = 1
     family: str = ""                 # the benchmark whose prompt format this question uses
+    # what the image shows that the question is about, for the scripted teachers' accounts (never shown to the
+    # student): "scene" (shape, colour, count), "scenes" (two of them), "bars" + "bar", "options" (English
+    # option texts, A, B, ... in order) and, for yes / no, "asked" (the colour and / or shape asked about)
+    facts: dict = field(default_factory=dict)
 
 
 def _mc_prompt(rng: random.Random, family: str, question: str, question_cn: str, options: list[str]) -> str:
@@ -99,6 +103,11 @@ def _ordered_options(rng: random.Random, gold_letter: str, pool: list[str]) -> t
     return [pool[i] for i in (*before, j, *after)], pool[j]
 
 
+def _seen(scene) -> dict:
+    """A homogeneous scene's facts: its shape, colour and count."""
+    return {"shape": scene.shape, "colour": scene.colour, "count": scene.count}
+
+
 def _mc_options(rng: random.Random, gold_letter: str, pool: list[str]) -> tuple[list[str], str, int]:
     """Options, the correct text and the difficulty: half in the pool's order (1), half shuffled (2)."""
     if rng.random() < 0.5:
@@ -114,7 +123,7 @@ def count(rng: random.Random, size: int, target: str, pick) -> Item:
                     "Count the shapes in the picture."])
     family = pick(OPEN_FAMILIES)
     return Item("count", _open_prompt(family, q, integer=True), target, COUNTS, [draw_scene(scene, size)],
-                difficulty=2, family=family)
+                difficulty=2, family=family, facts={"scene": _seen(scene)})
 
 
 def colour(rng: random.Random, size: int, target: str, pick) -> Item:
@@ -122,7 +131,7 @@ def colour(rng: random.Random, size: int, target: str, pick) -> Item:
     q = rng.choice(["What colour are the shapes?", "Which colour do the shapes have?"])
     family = pick(OPEN_FAMILIES)
     return Item("colour", _open_prompt(family, q, integer=False), target, list(COLOURS),
-                [draw_scene(scene, size)], difficulty=1, family=family)
+                [draw_scene(scene, size)], difficulty=1, family=family, facts={"scene": _seen(scene)})
 
 
 def shape(rng: random.Random, size: int, target: str, pick) -> Item:
@@ -130,7 +139,7 @@ def shape(rng: random.Random, size: int, target: str, pick) -> Item:
     q = rng.choice(["What shape are the objects in the image?", "Which shape do you see?"])
     family = pick(OPEN_FAMILIES)
     return Item("shape", _open_prompt(family, q, integer=False), target, list(SHAPES), [draw_scene(scene, size)],
-                difficulty=1, family=family)
+                difficulty=1, family=family, facts={"scene": _seen(scene)})
 
 
 def shape_option(rng: random.Random, size: int, target: str, pick) -> Item:
@@ -140,7 +149,7 @@ def shape_option(rng: random.Random, size: int, target: str, pick) -> Item:
     shown = [SHAPES_CN[o] for o in options] if family == "mmbench_cn" else options
     prompt = _mc_prompt(rng, family, "Which shape is shown in the image?", "图中是哪种图形？", shown)
     return Item("shape_option", prompt, target, list(LETTERS), [draw_scene(scene, size)], options=shown,
-                difficulty=difficulty, family=family)
+                difficulty=difficulty, family=family, facts={"scene": _seen(scene), "options": options})
 
 
 def count_option(rng: random.Random, size: int, target: str, pick) -> Item:
@@ -149,7 +158,7 @@ def count_option(rng: random.Random, size: int, target: str, pick) -> Item:
     family = pick(MC_FAMILIES)
     prompt = _mc_prompt(rng, family, "How many shapes are in the image?", "图中有几个图形？", options)
     return Item("count_option", prompt, target, list(LETTERS), [draw_scene(scene, size)], options=options,
-                difficulty=difficulty + 1, family=family)
+                difficulty=difficulty + 1, family=family, facts={"scene": _seen(scene), "options": options})
 
 
 def chart_value(rng: random.Random, size: int, target: str, pick) -> Item:
@@ -159,7 +168,8 @@ def chart_value(rng: random.Random, size: int, target: str, pick) -> Item:
     family = pick(("chartqa", "mathvista", "realworldqa", "mmmu"))
     prompt = _open_prompt(family, f"What is the value of the {bar} bar?", integer=True)
     image = draw_bars(values, size, shift=rng.randint(-2, 2))
-    return Item("chart_value", prompt, target, BARS, [image], difficulty=3, family=family)
+    return Item("chart_value", prompt, target, BARS, [image], difficulty=3, family=family,
+                facts={"bars": values, "bar": bar})
 
 
 def chart_option(rng: random.Random, size: int, target: str, pick) -> Item:
@@ -171,7 +181,7 @@ def chart_option(rng: random.Random, size: int, target: str, pick) -> Item:
     prompt = _mc_prompt(rng, family, f"What is the value of the {bar} bar in the chart?", "", options)
     image = draw_bars(values, size, shift=rng.randint(-2, 2))
     return Item("chart_option", prompt, target, list(LETTERS), [image], options=options, difficulty=difficulty + 1,
-                family=family)
+                family=family, facts={"bars": values, "bar": bar, "options": options})
 
 
 def yes_no(rng: random.Random, size: int, target: str, pick) -> Item:
@@ -185,6 +195,8 @@ def yes_no(rng: random.Random, size: int, target: str, pick) -> Item:
             shape = rng.choice([s for s in SHAPES if s != shape])
         else:
             col = rng.choice([c for c in COLOURS if c != col])
+    asked = {"colour": col} if form == "colour" else {"shape": shape} if form == "shape" else \
+        {"colour": col, "shape": shape}
     if form == "colour":
         q, difficulty = rng.choice([f"Are the shapes {col}?", f"Are all shapes in the image {col}?"]), 1
     elif form == "shape":
@@ -194,20 +206,20 @@ def yes_no(rng: random.Random, size: int, target: str, pick) -> Item:
                                     f"Is there a {col} {shape} in the image?"]), 3
     family = pick(("chartqa", "mmmu", "realworldqa"))
     return Item("yes_no", _open_prompt(family, q, integer=False), target, YES_NO, [draw_scene(scene, size)],
-                difficulty=difficulty, family=family)
+                difficulty=difficulty, family=family, facts={"scene": _seen(scene), "asked": asked})
 
 
 def compare_two(rng: random.Random, size: int, target: str, pick) -> Item:
     """BLINK-style: two images in one question; which shows more shapes."""
     more, fewer = sorted(rng.sample(range(1, MAX_COUNT + 1), 2), reverse=True)
     first, second = (more, fewer) if target == "A" else (fewer, more)
-    images = [draw_scene(random_scene(rng, size, count=first), size),
-              draw_scene(random_scene(rng, size, count=second), size)]
+    scenes = [random_scene(rng, size, count=first), random_scene(rng, size, count=second)]
+    images = [draw_scene(s, size) for s in scenes]
     opts = {"A": "the first image", "B": "the second image"}
     q = rng.choice(["Which image shows more shapes?", "Which of the two images contains more shapes?"])
     prompt = build_prompt(BenchItem("blink", "0", q, [], "", options=opts))
     return Item("compare_two", prompt, target, ["A", "B"], images, options=list(opts.values()), difficulty=3,
-                family="blink")
+                family="blink", facts={"scenes": [_seen(s) for s in scenes]})
 
 
 MAKERS = {"count": count, "colour": colour, "shape": shape, "shape_option": shape_option,

@@ -61,7 +61,7 @@ def test_scene_pixels_show_the_colour():
 
 def test_scripted_teachers_differ_and_are_deterministic():
     args = ("count", "3", ["1", "2", "3", "4"], "rl-000001", 0, 0.0, 0)
-    assert scripted_answer("verbose", *args).startswith("3")  # the answer first, as benchmarks ask
+    assert scripted_answer("verbose", *args).startswith("3")  # no recorded facts: the answer alone
     concise = scripted_answer("concise", *args)
     verbose = scripted_answer("verbose", *args)
     assert concise == scripted_answer("concise", *args)
@@ -156,6 +156,7 @@ def test_scripted_teacher_revision_follows_its_behaviour():
     assert a.revision == ScriptedTeacher("concise", error_rate=0.1, seed=0).revision
     assert a.revision != ScriptedTeacher("concise", error_rate=0.2, seed=0).revision  # new answers: new keys
     assert a.revision != ScriptedTeacher("verbose", error_rate=0.1, seed=0).revision
+    assert a.revision != ScriptedTeacher("concise", error_rate=0.1, seed=0, accounts=True).revision
 
 
 def test_held_out_formats_never_reach_the_sft_pool(tmp_path):
@@ -178,9 +179,10 @@ def test_sft_targets_say_each_answer_in_both_teachers_styles(tmp_path):
     world = generate_world(WorldConfig(n_train=360, n_rl=9, n_val=9, n_test=9), tmp_path)
     train = world["train"]
     assert train["target"].notna().all()
-    assert all(t in (a, a + ".") for a, t in zip(train["answer"], train["target"]))
+    # each target ends with its answer after the account (world.accounts), bare or with a full stop
+    assert all(t.endswith((f"Answer: {a}", f"Answer: {a}.")) for a, t in zip(train["answer"], train["target"]))
     for (kind, answer), group in train.groupby(["kind", "answer"]):
-        bare = int((group["target"] == answer).sum())
+        bare = int(group["target"].str.endswith(f"Answer: {answer}").sum())
         assert abs(bare - (len(group) - bare)) <= 1, (kind, answer, bare, len(group))
     assert world["test"]["target"].isna().all() and world["rl"]["target"].isna().all()
     rows = load_rows(tmp_path / "train.parquet")
