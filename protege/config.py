@@ -515,9 +515,9 @@ class RLConfig(SamplingConfig):
     clip_eps: float = Field(0.2, gt=0, lt=1)
     kl_beta: float = Field(0.04, ge=0, le=1000)
     repetition_penalty: float = Field(1.05, gt=0, le=100)
-    # the world's answers are 1-3 tokens and Dr.GRPO divides by this length (a demo value: it truncates a real
-    # model's answers; set it to what your answers need)
-    max_new_tokens: int = Field(8, ge=1, le=1_000_000)
+    # the world's answers (account + final answer) are at most 15 tokens with the end of turn, and Dr.GRPO
+    # divides by this length (a demo value: it truncates a real model's answers; set it to what yours need)
+    max_new_tokens: int = Field(16, ge=1, le=1_000_000)
     # lora: fresh adapters (model.lora) on the SFT weights; the KL reference is that model with adapters off
     trainable: Literal["attention+embeddings+head", "all", "attention", "lora"] = "attention+embeddings+head"
     save_every: int = Field(10, ge=1, le=10_000_000, **affects(OUTPUTS))
