@@ -273,6 +273,7 @@ def pipeline(project: Path = typer.Option(Path("."), help="project folder (holds
     if missing:
         _fail(f"{project / params}: dvc.yaml tracks {', '.join(missing)} but the file does not set them; "
               "write them out (`protege config show` prints every value)")
+    typer.echo(queue_estimate(suite.studies, plans, jobs))
     # the flow lives outside the library (the library never imports Prefect): run it as its own process
     code = subprocess.call([sys.executable, "-m", "flows.pipeline", "--project", str(project)], env=os.environ.copy())
     raise typer.Exit(code)
@@ -488,7 +489,7 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
     nested MLflow runs under one parent; report reports/study/NAME.{md,json,png} with CIs and verdicts. A file
     with `parts:` runs its studies' runs in one queue and writes their claims in one table (its `report`)."""
     from protege.errors import UserFacingError
-    from protege.study.runner import check_upstream, finish_study, finish_suite, plan, read_open_study
+    from protege.study.runner import check_upstream, finish_study, finish_suite, plan, queue_estimate, read_open_study
     from protege.study.spec import describe, load_suite
 
     try:
@@ -515,6 +516,7 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
                 check_upstream(spec, [p.run for p in todo])
             except UserFacingError as exc:
                 typer.echo(f"note: {exc}")
+        typer.echo(queue_estimate(suite.studies, plans, jobs))
         raise typer.Exit(0)
     try:
         for spec in suite.studies:
@@ -528,6 +530,7 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
         if suite.has_parts:
             finish_suite(suite)
         raise typer.Exit(0)
+    typer.echo(queue_estimate(suite.studies, plans, jobs))
     # the flow lives outside the library (the library never imports Prefect): run it as its own process
     code = subprocess.call([sys.executable, "-m", "flows.study", "--study", str(suite.path), "--project",
                             str(suite.project), "--jobs", str(jobs)], env=os.environ.copy())

@@ -494,6 +494,13 @@ def expected_time(studies: list[Study], pending: list[tuple[Study, Planned]], fi
     return line.replace(" to do,", " left,", 1) if running else line
 
 
+def queue_estimate(studies: list[Study], plans: dict[str, list[Planned]], jobs: int) -> str:
+    """The expected-time line for `plans` (each study's planned runs, by study name) run `jobs` at a time."""
+    pending = [(s, p) for s in studies for p in plans[s.name] if not p.finished]
+    finished = [f for s in studies for p in plans[s.name] if p.finished and (f := finished_record(s, p)) is not None]
+    return expected_time(studies, pending, finished, jobs)
+
+
 def run_study(study: Study | Suite, jobs: int = 1, isolated: bool = True) -> dict[str, Path]:
     """The whole study (or every part of a file with parts) without Prefect (the flow in flows/study.py does
     the same with one task per run): pending runs one by one (or `jobs` at once, each in its own process,
