@@ -510,8 +510,9 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
                 what = ("train: false (SFT checkpoint)" if not p.run.train else
                         describe(p.run.overrides, "(the common overrides only)" if spec.common else
                                  "(params as they are)"))
-                typer.echo(f"  {p.run.variant:<{width}}  seed {p.run.seed:<4} {'finished' if p.finished else 'to run  '}"
-                           f"  {what}")
+                warm = "" if p.run.warm_seed is None else f" warm start {p.run.warm_seed:<3}"
+                typer.echo(f"  {p.run.variant:<{width}}  seed {p.run.seed:<4}{warm} "
+                           f"{'finished' if p.finished else 'to run  '}  {what}")
             try:
                 check_upstream(spec, [p.run for p in todo])
             except UserFacingError as exc:

@@ -3,6 +3,7 @@ A run is (part, variant, seed); part is None for a study file without `parts:`."
 from prefect import task
 
 from protege.study import services
+from protege.study import warm_starts
 from protege.study.runner import execute_isolated, finish_study, finish_suite, open_study, plan, run_key
 from protege.study.spec import load_study, load_suite
 
@@ -11,11 +12,13 @@ from protege.study.spec import load_study, load_suite
 def pending_runs(study_file: str, project_dir: str) -> list[tuple[str | None, str, int]]:
     out = []
     for study in load_suite(study_file, project_dir).studies:
-        for p in plan(study):
+        planned = plan(study)
+        for p in planned:
             if p.finished:
                 print(f"{run_key(study, p.run)}: finished earlier, skipped")
             else:
                 out.append((study.part, p.run.variant, p.run.seed))
+        warm_starts.ensure(study, [p.run for p in planned if not p.finished])  # before any run links one
     return out
 
 

@@ -149,7 +149,7 @@ def build_agent_report(study: Study, results: dict[str, dict], failed: list[str]
     metrics = GAME_METRICS[game]
     variants = {}
     for name, v in study.variants.items():
-        entry = {"train": v.train, "overrides": v.overrides, "runs_planned": len(study.seeds) if v.train else 1,
+        entry = {"train": v.train, "overrides": v.overrides, "runs_planned": len(study.seeds) if v.train or study.warm_start_seeds else 1,
                  "metrics": {}, "vs_baseline": {}, "train_rollouts": {}}
         for metric in metrics:
             for point in ("start", end):

@@ -59,7 +59,7 @@ from protege.paths import (
     split_table,
 )
 from protege.stages.games import GAMES
-from protege.study import estimate
+from protege.study import estimate, warm_starts
 from protege.study.spec import GAME_TASKS, RunSpec, Study, Suite, load_study
 
 RESULT = "result.json"
@@ -155,10 +155,13 @@ def read_result(folder: Path) -> dict | None:
 def plan(study: Study) -> list[Planned]:
     """Every run of the study with its folder and whether it has finished with these params and inputs."""
     upstream = upstream_digest(study.project, study.task)
+    warm = {w: warm_starts.fingerprint(study, w) for w in study.warm_start_seeds}
     out = []
     for run in study.runs():
         folder = study.run_folder(run)
-        fp = run_fingerprint(run, upstream)
+        # a run on the study's own warm start depends on it as it does on the shared upstream
+        fp = run_fingerprint(run, upstream if run.warm_seed is None else f"{upstream}|warm-{run.warm_seed}:"
+                                                                         f"{warm[run.warm_seed]}")
         result = read_result(folder)
         out.append(Planned(run, folder, fp, result is not None and result.get("fingerprint") == fp))
     return out
@@ -197,6 +200,8 @@ def prepare_folder(study: Study, planned: Planned) -> None:
     for rel in SHARED:
         if (study.project / rel).exists():
             _link(study.project / rel, folder / rel)
+    if planned.run.warm_seed is not None:  # the study's own warm start this seed plays from
+        _link(warm_starts.model_dir(study, planned.run.warm_seed), folder / GAMES[study.task].sft_model)
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
@@ -516,6 +521,7 @@ def run_study(study: Study | Suite, jobs: int = 1, isolated: bool = True) -> dic
     for s in studies:
         planned = plan(s)
         check_upstream(s, [p.run for p in planned if not p.finished])
+        warm_starts.ensure(s, [p.run for p in planned if not p.finished], log=say)
         for p in planned:
             if p.finished:
                 say(f"{run_key(s, p.run)}: finished earlier, skipped")

@@ -176,6 +176,9 @@ class StudyFile(_Strict):
     claims: list[ClaimSpec] = []
     preconditions: list[PreconditionSpec] = []
     services: dict[str, ServiceSpec] = {}
+    # a game study's own warm starts (agent_sft / tool_sft with these seeds): the i-th of `seeds` plays from
+    # warm_start_seeds[i mod n], so every arm meets every warm start; empty: the project's warm start
+    warm_start_seeds: list[int] = []
 
 
 class SuiteFile(_Strict):
@@ -202,6 +205,7 @@ class RunSpec:
     train: bool
     config: Config                         # with this run's seed
     overrides: dict[str, Any]
+    warm_seed: int | None = None           # the study's own warm start it plays from (None: the project's)
 
     @property
     def key(self) -> str:
@@ -256,6 +260,7 @@ class Study:
     task: str = "qa"
     part: str | None = None                # the key of this study in its file's `parts:` (None: the whole file)
     preconditions: list[Precondition] = field(default_factory=list)
+    warm_start_seeds: list[int] = field(default_factory=list)  # a game study's own warm starts (see StudyFile)
 
     @property
     def out_dir(self) -> Path:
@@ -270,9 +275,17 @@ class Study:
         """Every (variant, seed) run in file order; a `train: false` variant runs once (first seed)."""
         out = []
         for v in self.variants.values():
-            for seed in (self.seeds if v.train else self.seeds[:1]):
-                out.append(RunSpec(v.name, seed, v.train, v.config.model_copy(update={"seed": seed}), v.overrides))
+            # an evaluation-only variant runs once, or once per seed where the seeds use several warm starts
+            for seed in (self.seeds if v.train or self.warm_start_seeds else self.seeds[:1]):
+                out.append(RunSpec(v.name, seed, v.train, v.config.model_copy(update={"seed": seed}), v.overrides,
+                                   self.warm_seed(seed)))
         return out
+
+    def warm_seed(self, seed: int) -> int | None:
+        """The warm-start seed the run with RL seed `seed` plays from: the i-th seed takes the (i mod n)-th."""
+        if not self.warm_start_seeds:
+            return None
+        return self.warm_start_seeds[self.seeds.index(seed) % len(self.warm_start_seeds)]
 
     def run_folder(self, run: RunSpec) -> Path:
         return self.out_dir / "runs" / run.variant / f"seed-{run.seed}"
@@ -591,6 +604,16 @@ def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -
             if name not in preconditions:
                 raise ConfigError(f"{shown}: claims[{i}].requires '{name}' is not a precondition (preconditions: "
                                   f"{', '.join(preconditions) or 'none declared'})")
+    if spec.warm_start_seeds:
+        if spec.task not in GAME_TASKS:
+            raise ConfigError(f"{shown}: warm_start_seeds: a qa study trains from the project's SFT checkpoint; only "
+                              f"game studies (task: agent or tool) train their own warm starts")
+        if len(set(spec.warm_start_seeds)) != len(spec.warm_start_seeds) or min(spec.warm_start_seeds) < 0:
+            raise ConfigError(f"{shown}: warm_start_seeds must be distinct seeds >= 0 (got {spec.warm_start_seeds})")
+        if len(spec.seeds) < len(spec.warm_start_seeds):
+            raise ConfigError(f"{shown}: {len(spec.warm_start_seeds)} warm_start_seeds need at least as many seeds "
+                              f"(got {len(spec.seeds)}): each warm start is played by seeds[i] with i mod "
+                              f"{len(spec.warm_start_seeds)} its position")
     ports = [s.port for s in spec.services.values()]
     if len(set(ports)) != len(ports):
         raise ConfigError(f"{shown}: two services share a port: {ports}")
@@ -634,7 +657,8 @@ def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -
                  baseline=spec.baseline, model=spec.model, bootstrap=spec.bootstrap,
                  keep_checkpoints=spec.keep_checkpoints, description=spec.description,
                  common=flatten(common), variants=variants, claims=claims, services=dict(spec.services),
-                 task=spec.task, part=part, preconditions=list(preconditions.values()))
+                 task=spec.task, part=part, preconditions=list(preconditions.values()),
+                 warm_start_seeds=list(spec.warm_start_seeds))
 
 
 def _check_preconditions(spec: StudyFile, shown: str) -> dict[str, Precondition]:

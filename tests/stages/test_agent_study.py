@@ -137,3 +137,50 @@ def test_missing_warm_start_says_what_to_run(project, tmp_path):
     (proj / "study.yaml").write_text(STUDY)
     with pytest.raises(UserFacingError, match="dvc repro agent_sft"):
         check_upstream(load_study(proj / "study.yaml", proj))
+
+
+WARM_STUDY = """
+name: warm_seeds
+task: agent
+seeds: [0, 1, 2]
+warm_start_seeds: [0, 5]
+baseline: plain
+bootstrap: 200
+variants:
+  warm_start: {train: false}
+  plain: {agent.rl.steps: 1}
+claims:
+  - {better: plain, than: warm_start}
+"""
+
+
+def test_warm_start_seeds_train_their_own_warm_starts_and_pair_every_arm(project, monkeypatch):
+    """Seeds 0 and 2 play from warm start 0 (params.yaml's seed: the project's own, linked), seed 1 from warm
+    start 5 (trained once in the study's folder); the warm start's evaluation runs once per seed, so every
+    difference is paired by seed; a second run trains nothing again."""
+    from protege.study import warm_starts
+    from protege.study.runner import plan, run_study
+    from protege.study.spec import load_study
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (project / "warm.yaml").write_text(WARM_STUDY)
+    study = load_study(project / "warm.yaml", project)
+    assert [(r.variant, r.seed, r.warm_seed) for r in study.runs()] == [
+        ("warm_start", 0, 0), ("warm_start", 1, 5), ("warm_start", 2, 0),
+        ("plain", 0, 0), ("plain", 1, 5), ("plain", 2, 0)]
+    assert warm_starts.model_dir(study, 0) == project / "models/agent_sft"
+    own = warm_starts.model_dir(study, 5)
+    assert own == study.out_dir / "warm_starts/seed-5/models/agent_sft" and not own.exists()
+    paths = run_study(study, isolated=False)
+    assert (own / "config.json").exists() and warm_starts.finished(study, 5)
+    runs = {p.run.key: p.folder for p in plan(study)}
+    assert (runs["plain/seed-1"] / "models/agent_sft").resolve() == own.resolve()
+    assert (runs["plain/seed-2"] / "models/agent_sft").resolve() == (project / "models/agent_sft").resolve()
+    report = json.loads(paths["json"].read_text())
+    assert report["variants"]["warm_start"]["runs_planned"] == 3
+    claim = report["claims"][0]
+    assert claim["verdict"] is not None and len(claim["pairs"]) == 3, claim
+    stamp = (study.out_dir / "warm_starts/seed-5" / warm_starts.DONE).stat().st_mtime
+    assert all(p.finished for p in plan(study))
+    run_study(study, isolated=False)
+    assert (study.out_dir / "warm_starts/seed-5" / warm_starts.DONE).stat().st_mtime == stamp

@@ -1,4 +1,5 @@
 """Study files: overrides validated by the params schema, one-line errors naming file and key, dry run."""
+import re
 import shutil
 
 import pytest
@@ -229,3 +230,22 @@ def test_the_headline_claims_require_their_preconditions(project):
     assert all(c.requires == ("disc_separates", "similarity_starts_in_range") for c in ril.claims)
     shutil.copy(REPO / "studies/gtr_turbo.yaml", project / "gtr_turbo.yaml")
     assert len(load_study(project / "gtr_turbo.yaml", project).preconditions) == 6
+
+
+def test_warm_start_seeds_belong_to_game_studies(project):
+    body = ("task: agent\nseeds: [1, 2, 3, 4]\nwarm_start_seeds: [0, 7]\nbaseline: plain\n"
+            "variants: {base: {train: false}, plain: {}}\n")
+    study = load_study(write(project, body), project)
+    assert [study.warm_seed(s) for s in (1, 2, 3, 4)] == [0, 7, 0, 7]
+    assert [r.seed for r in study.runs() if r.variant == "base"] == [1, 2, 3, 4]
+    for bad, message in [
+        (body.replace("task: agent", "task: qa").replace("plain: {}", "plain: {rl.steps: 2}"),
+         "warm_start_seeds: a qa study trains from the project's SFT"),
+        (body.replace("[0, 7]", "[3, 3]"), "warm_start_seeds must be distinct seeds >= 0"),
+        (body.replace("[0, 7]", "[-1, 2]"), "warm_start_seeds must be distinct seeds >= 0"),
+        (body.replace("seeds: [1, 2, 3, 4]", "seeds: [1]"), "2 warm_start_seeds need at least as many seeds"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_study(write(project, bad), project)
+    plain = load_study(write(project, body.replace("warm_start_seeds: [0, 7]\n", "")), project)
+    assert plain.warm_seed(1) is None and [r.seed for r in plain.runs() if r.variant == "base"] == [1]
