@@ -398,7 +398,7 @@ def test_both_loops_call_every_guidance_hook(tiny_student, tiny_processor, rows,
     calls, logs = [], []
     module = question_loop if loop == "question" else agent_loop
     own = module.guidance_terms
-    monkeypatch.setattr(module, "guidance_terms", lambda *a: own(*a) + [Recorder(calls)])
+    monkeypatch.setattr(module, "guidance_terms", lambda *a, **kw: own(*a, **kw) + [Recorder(calls)])
     if loop == "question":
         cfg = RLConfig(**{**BASE, "steps": 2, "save_every": 1}, algorithm=algorithm)
         run = lambda **kw: run_rl(copy.deepcopy(tiny_student), copy.deepcopy(tiny_student), tiny_processor,
