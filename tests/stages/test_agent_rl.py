@@ -149,7 +149,8 @@ def test_merged_thoughts_train_on_the_thought_only(tiny_student, tiny_processor)
     ids = out.batch.inputs["input_ids"][:, 1:]
     for r in range(3):
         target = tok.decode(ids[r][out.batch.loss_mask[r].bool()])
-        assert target == "I am at row 1, column 2."
+        # the thought's tokens, up to where the action starts (the tokenizer may keep the space before it)
+        assert target.rstrip() == "I am at row 1, column 2." and "Action" not in target
     unparsed = merged_thoughts(ScriptedEngine(tiny_processor, "no action here"), tiny_processor, eps, 2, Sampling(),
                                random.Random(0), torch.device("cpu"))
     assert unparsed is None
