@@ -22,12 +22,12 @@ $(BIN)/python:
 
 # torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
 # deepspeed's setup imports torch, so it builds against the installed torch (no build isolation).
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml Makefile | $(BIN)/python
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && (apt-get install -y -q bubblewrap || (apt-get update -q && apt-get install -y -q bubblewrap)); } || echo "bubblewrap not installed: tool environments refuse to run without it (see README)"
 	$(BIN)/pip install --upgrade pip wheel setuptools
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e .
-	$(BIN)/pip install pytest pytest-xdist ninja
+	$(BIN)/pip install pytest pytest-xdist ninja pyflakes
 	$(BIN)/pip install --no-build-isolation "deepspeed>=0.18,<0.20"
 	touch $(STAMP)
 

@@ -273,7 +273,6 @@ def pipeline(project: Path = typer.Option(Path("."), help="project folder (holds
     if missing:
         _fail(f"{project / params}: dvc.yaml tracks {', '.join(missing)} but the file does not set them; "
               "write them out (`protege config show` prints every value)")
-    typer.echo(queue_estimate(suite.studies, plans, jobs))
     # the flow lives outside the library (the library never imports Prefect): run it as its own process
     code = subprocess.call([sys.executable, "-m", "flows.pipeline", "--project", str(project)], env=os.environ.copy())
     raise typer.Exit(code)

@@ -61,8 +61,9 @@ def project_env(proj: Path) -> dict:
     return env
 
 
-def run_flow(proj: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.pipeline", "--project", str(proj), *extra], cwd=REPO,
+def run_flow(proj: Path) -> subprocess.CompletedProcess:
+    """`protege pipeline`, the command `make demo` runs: its checks, then the flow."""
+    return subprocess.run([sys.executable, "-m", "protege", "pipeline", "--project", str(proj)], cwd=REPO,
                           env=project_env(proj), capture_output=True, text=True, timeout=900)
 
 
