@@ -314,7 +314,7 @@ class StudentProcessor:
         n_images = sum(counts)
         first = [sum(counts[:i]) for i in range(B)]
         image_order = [first[r] + j for r in order for j in range(counts[r])]
-        row_keys = {"input_ids", "attention_mask", "answer_mask", *self._probe().per_token}
+        row_keys = self.row_keys()
         out, recompute = {}, False
         for key, value in batch.items():
             if key in row_keys:
@@ -332,6 +332,10 @@ class StudentProcessor:
             rows = {k: out[k] for k in out if k in row_keys}
             return {**rows, **self.vision_inputs([per_row[r] for r in order])}
         return out
+
+    def row_keys(self) -> set[str]:
+        """The model inputs laid out [rows, tokens]: what a micro-batch's rows and columns are cut from."""
+        return {"input_ids", "attention_mask", "answer_mask", *self._probe().per_token}
 
     def repeat_rows(self, batch: dict[str, torch.Tensor], images: list, times: int) -> dict[str, torch.Tensor]:
         """Each row `times` in a row, as generate(num_return_sequences=times) lays out its samples."""

@@ -50,6 +50,27 @@ class Trajectory:
         return Trajectory(processor.select_rows(self.inputs, images, rows), pick(self.loss_mask), pick(self.turn),
                           self.start, pick(self.owner), pick(self.is_teacher), [images[r] for r in rows])
 
+    def trimmed(self, processor) -> "Trajectory":
+        """The same rows without the columns that are padding in every one of them: the trailing ones, and the
+        leading ones before the first scored position (left-padded prompts). Padding is masked out of
+        attention, so every scored position's log-prob is unchanged; a micro-batch of short rows then costs
+        its own length, not the longest row of the whole batch."""
+        attended = self.inputs["attention_mask"].bool().any(dim=0)  # [T]
+        if not bool(attended.any()):
+            return self
+        cols = attended.nonzero().flatten()
+        lo, hi = min(int(cols[0]), self.start), int(cols[-1]) + 1  # keep [lo, hi)
+        hi = max(hi, self.start + 2)  # at least one scored position
+        if lo == 0 and hi == self.width:
+            return self
+        L = hi - 1 - self.start  # scored positions kept
+        if bool(self.loss_mask[:, L:].any()):
+            raise ValueError("a scored token sits on a column no row attends to")
+        keys = processor.row_keys()
+        inputs = {k: (v[:, lo:hi] if k in keys else v) for k, v in self.inputs.items()}
+        return Trajectory(inputs, self.loss_mask[:, :L], self.turn[:, :L], self.start - lo, self.owner,
+                          self.is_teacher, self.images)
+
 
 def from_completions(c: Completions, prompt_inputs: dict[str, torch.Tensor], processor,
                      is_teacher: torch.Tensor | None = None, images: list | None = None) -> Trajectory:

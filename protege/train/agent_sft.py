@@ -17,7 +17,7 @@ from protege.models.processor import StudentProcessor
 from protege.rollout.episodes import Episode, add_observation, add_policy_turn, pack, start_episode
 from protege.rollout.games import Game, expert_episodes
 from protege.rollout.trajectory import thought_sft_loss, token_logprobs
-from protege.runtime.micro import budget_tokens, micro_batches
+from protege.runtime.micro import budget_tokens, length_groups
 from protege.runtime.distributed import one_process
 from protege.runtime.placement import resolve_device
 from protege.runtime.run import Run, due, next_rows
@@ -84,8 +84,9 @@ def train_agent_sft(model, processor: StudentProcessor, cfg: Game, image_size: i
         batch = pack(processor, [rows[i] for i in idx])
         n_tok = float(batch.loss_mask.sum())
         loss = torch.zeros((), device=device)
-        for span in micro_batches(batch.n, batch.width, tokens):  # CE on the solver's turns, a token mean
-            part = (batch if len(span) == batch.n else batch.select(span, processor)).to(device)
+        # CE on the solver's turns, a token mean; micro-batches of rows of like length (episodes differ)
+        for rows_ in length_groups(batch.inputs["attention_mask"].sum(dim=1).tolist(), tokens):
+            part = (batch if len(rows_) == batch.n else batch.select(rows_, processor)).trimmed(processor).to(device)
             share = thought_sft_loss(token_logprobs(model, part), part.loss_mask.float(), tokens=n_tok)
             updater.backward(share)
             loss += share.detach()

@@ -13,8 +13,9 @@ from protege.data.rows import load_rows
 from protege.models.discriminator import Discriminator
 from protege.rl.agent_loop import run_agent_rl
 from protege.rl.loop import RLInputs, run_rl
-from protege.rollout.trajectory import answer_trajectory, logprobs_from_logits, score
-from protege.runtime.micro import budget_tokens, micro_batches
+from protege.rollout.trajectory import (Trajectory, answer_trajectory, logprobs_from_logits, score,
+                                       token_logprobs)
+from protege.runtime.micro import budget_tokens, length_groups, micro_batches
 from protege.runtime.updaters import TorchUpdater
 
 ONE_ROW = 1  # a budget below any row's width: one row per micro-batch
@@ -48,6 +49,55 @@ def test_budget_splits_rows_and_keeps_at_least_one():
     assert micro_batches(5, 10, 25) == [range(0, 2), range(2, 4), range(4, 5)]
     assert micro_batches(5, 10, 1000) == [range(0, 5)]
     assert micro_batches(3, 10, 1) == [range(0, 1), range(1, 2), range(2, 3)]
+
+
+def test_length_groups_cut_where_padding_saved_beats_a_forward():
+    # sorted: 10 10 10 50 50 (rows 1 3 4 0 2). One group pads all five to 50 = 250 (+ overhead); two groups
+    # cost 3*10 + 2*50 = 130 (+ two overheads)
+    lengths = [50, 10, 50, 10, 10]
+    assert length_groups(lengths, 1000, overhead=1) == [[1, 3, 4], [0, 2]]  # rows of one length stay together
+    assert length_groups(lengths, 1000, overhead=100) == [[1, 3, 4], [0, 2]]  # 130 + 200 < 250 + 100
+    assert length_groups(lengths, 1000, overhead=150) == [[1, 3, 4, 0, 2]]  # 130 + 300 > 250 + 150
+    # the token budget still binds: at most 100 padded tokens, so the 50s go one per forward
+    assert length_groups(lengths, 100, overhead=10**6) == [[1, 3, 4], [0, 2]]
+    assert length_groups(lengths, 60, overhead=10**6) == [[1, 3, 4], [0], [2]]
+    assert length_groups([7], 1) == [[0]] and length_groups([], 10) == []
+    # every row exactly once, whatever the sizes
+    many = [(i * 37) % 101 + 1 for i in range(600)]  # above the exact search's size: filled in length order
+    for ls, budget in ((many, 2000), (many[:100], 500)):
+        groups = length_groups(ls, budget)
+        assert sorted(i for g in groups for i in g) == list(range(len(ls)))
+        assert all(len(g) == 1 or len(g) * max(ls[i] for i in g) <= budget for g in groups)
+
+
+def test_trimmed_rows_score_as_the_padded_batch(tiny_student, tiny_processor, tiny_world):
+    """A micro-batch of the short rows, cut to its own width, gives each scored token the log-prob it has in
+    the whole padded batch: right padding (SFT pairs) and left padding before the scored positions."""
+    rows = load_rows(tiny_world / "train.parquet")[:6]
+    images = tiny_processor.image_lists([r.image for r in rows])
+    targets = [r.sft_target + (" and more words" * 4 if i == 0 else "") for i, r in enumerate(rows)]
+    for side in ("right", "left"):
+        batch = tiny_processor.encode_pairs([r.question for r in rows], images, targets, padding_side=side)
+        traj = answer_trajectory(batch, images)
+        if side == "left":  # scored positions start where the first answer does, as a rollout's prompts end
+            first = int(traj.loss_mask.any(dim=0).nonzero()[0])
+            traj = Trajectory(traj.inputs, traj.loss_mask[:, first:], traj.turn[:, first:], first, traj.owner,
+                              images=traj.images)
+        whole = token_logprobs(tiny_student, traj)
+        short = [1, 2, 3]
+        part = traj.select(short, tiny_processor).trimmed(tiny_processor)
+        assert part.width < traj.width  # row 0's long answer set the batch's width
+        mine = token_logprobs(tiny_student, part)
+        keep = traj.loss_mask[short].bool()
+        if side == "right":
+            want = whole[short][:, :mine.shape[1]]
+            assert not bool(traj.loss_mask[short][:, mine.shape[1]:].any())
+        else:  # the same tokens, shifted by the columns cut on the left
+            want = whole[short][:, -mine.shape[1]:]
+        torch.testing.assert_close(mine[part.loss_mask.bool()], want[keep[:, -mine.shape[1]:] if side == "left"
+                                                                     else keep[:, :mine.shape[1]]],
+                                   rtol=1e-4, atol=1e-5)
+        assert int(part.loss_mask.sum()) == int(keep.sum())
 
 
 def test_derived_budget_keeps_the_demo_whole_and_shrinks_with_the_model(tiny_student):
