@@ -488,7 +488,15 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
     nested MLflow runs under one parent; report reports/study/NAME.{md,json,png} with CIs and verdicts. A file
     with `parts:` runs its studies' runs in one queue and writes their claims in one table (its `report`)."""
     from protege.errors import UserFacingError
-    from protege.study.runner import check_upstream, finish_study, finish_suite, plan, queue_estimate, read_open_study
+    from protege.study.runner import (
+        check_upstream,
+        describe_warm_starts,
+        finish_study,
+        finish_suite,
+        plan,
+        queue_estimate,
+        read_open_study,
+    )
     from protege.study.spec import describe, load_suite
 
     try:
@@ -512,6 +520,8 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
                 warm = "" if p.run.warm_seed is None else f" warm start {p.run.warm_seed:<3}"
                 typer.echo(f"  {p.run.variant:<{width}}  seed {p.run.seed:<4}{warm} "
                            f"{'finished' if p.finished else 'to run  '}  {what}")
+            for line in describe_warm_starts(spec, [p.run for p in todo]):
+                typer.echo(f"  {line}")
             try:
                 check_upstream(spec, [p.run for p in todo])
             except UserFacingError as exc:

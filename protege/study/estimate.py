@@ -6,6 +6,11 @@ of the same study part, from finished runs of the same task anywhere in the file
 RL stage (reports/stages/<stage>.json records its seconds, params.yaml its work). An evaluation-only run
 (`train: false`) costs what finished evaluation-only runs cost, or a twentieth of a trained run's estimate.
 With `jobs` runs at once the wall time is the sum over the jobs' shares, longest runs first.
+
+A study's own warm starts (`warm_start_seeds`) are trained one after another before the first run starts:
+each costs what the project's own stages of that recipe took (a qa warm start: sft, curate, teachers,
+rollouts and disc_pretrain), from `seconds` in reports/stages/<stage>.json, else the time the pipeline
+recorded for the stage, else dvc.yaml's `meta.seconds` hint.
 """
 from __future__ import annotations
 
@@ -49,6 +54,27 @@ def stage_rate(project: Path, task: str, params: Config) -> float | None:
     return seconds / units if units > 0 and seconds > 0 else None
 
 
+def warm_start_seconds(project: Path, stages: tuple[str, ...]) -> float | None:
+    """One warm start's estimate: the sum of what the project's own `stages` took, or None when a stage left
+    no record and has no hint."""
+    try:
+        from protege.pipeline import expected_seconds
+
+        known = expected_seconds(project)
+    except (OSError, ValueError, AttributeError, TypeError):
+        known = {}
+    total = 0.0
+    for stage in stages:
+        try:
+            seconds = float(json.loads((project / STAGE_METRICS / f"{stage}.json").read_text())["seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            seconds = known.get(stage)
+        if seconds is None:
+            return None
+        total += seconds
+    return total
+
+
 def run_seconds(task: str, part: str | None, train: bool, units: float, finished: list[Finished],
                 prior_rate: float | None) -> float | None:
     """One pending run's estimate, or None when nothing measured can stand for it."""
@@ -76,19 +102,29 @@ def wall_seconds(estimates: list[float], jobs: int) -> float:
     return max(lanes)
 
 
-def describe(pending: list[float | None], jobs: int, finished: int) -> str:
-    """One line: how many runs, the expected wall time, what it rests on."""
+def describe(pending: list[float | None], jobs: int, finished: int, warm: list[float | None] = ()) -> str:
+    """One line: how many runs (and warm starts to train first), the expected wall time, what it rests on."""
     known = [s for s in pending if s is not None]
+    warm_known = [s for s in warm if s is not None]
     head = f"{len(pending)} run(s) to do, {finished} finished earlier, {jobs} at a time"
-    if not pending:
+    if warm:
+        head += f", after {len(warm)} warm start(s) to train"
+    if not pending and not warm:
         return head
-    if not known:
+    if not known and not warm_known:
         return head + ": no time estimate yet (no finished run and no recorded RL stage to scale from)"
-    line = f"{head}: expected about {_minutes(wall_seconds(known, jobs))}"
+    line = f"{head}: expected about {minutes(sum(warm_known) + (wall_seconds(known, jobs) if known else 0.0))}"
+    if warm_known:
+        line += f" ({minutes(sum(warm_known))} of it warm starts)"
+    left_out = []
     if len(known) < len(pending):
-        line += f" for the {len(known)} run(s) with an estimate"
+        left_out.append(f"the {len(known)} run(s) with an estimate")
+    if len(warm_known) < len(warm):
+        left_out.append(f"the {len(warm_known)} warm start(s) with an estimate")
+    if left_out:
+        line += " for " + " and ".join(left_out)
     return line
 
 
-def _minutes(seconds: float) -> str:
+def minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"

@@ -41,6 +41,7 @@ from protege.config import ConfigError, load_config
 from protege.errors import UserFacingError
 from protege.paths import (
     AGENT_RL,
+    BASE_MODEL,
     AGENT_SFT_MODEL,
     CURATED,
     CURATED_RL,
@@ -68,7 +69,8 @@ MLFLOW_RUN = "mlflow_run_id"
 LOG = "log.txt"
 STATE = "study.json"                      # reports/study/<name>/study.json: the parent run id
 # linked into every run folder
-SHARED = (Path("data"), SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL, TOOL_SFT_MODEL, Path("dvc.lock"))
+DATA, DVC_LOCK = Path("data"), Path("dvc.lock")
+SHARED = (DATA, SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL, TOOL_SFT_MODEL, DVC_LOCK)
 UPSTREAM = (WORLD, IMPORTED, MINI_BENCHMARKS, CURATED, TEACHER_ANSWERS, SFT_MODEL, DISCRIMINATOR, AGENT_SFT_MODEL,
             TOOL_SFT_MODEL)  # fingerprinted
 # upstream that feeds one task's studies only: rebuilding it leaves the other studies' finished runs finished
@@ -90,23 +92,42 @@ def say(message: str) -> None:
 # ---------------------------------------------------------------------------------------------- planning
 
 
-def required_upstream(runs: list[RunSpec], task: str = "qa") -> list[Path]:
+def required_upstream(runs: list[RunSpec], task: str = "qa", project_seed: int | None = None) -> list[Path]:
+    """What the runs read from the project. A qa run on the study's own warm start (a warm-start seed other
+    than params.yaml's `seed`) reads the project's questions and base student, not its SFT, curated set,
+    teacher answers or discriminator: its warm start makes those."""
     if task in GAME_TASKS:
         return [GAMES[task].sft_model]
-    need = [split_table(runs[0].config.data.source if runs else "world", "test"), SFT_MODEL]
-    if any(r.train for r in runs):
+    source = runs[0].config.data.source if runs else "world"
+    shared = [r for r in runs if r.warm_seed is None or r.warm_seed == project_seed]
+    own = [r for r in runs if r not in shared]
+    need = [split_table(source, "test")]
+    if shared or not runs:
+        need.append(SFT_MODEL)
+    if any(r.train for r in shared):
         need.append(CURATED_RL)
-    if any(r.train and r.config.rl.algorithm == "ril" for r in runs):
+    if any(r.train and r.config.rl.algorithm == "ril" for r in shared):
         need += [TEACHER_ANSWERS, DISCRIMINATOR]
+    if own:
+        need += [split_table(source, "train"), split_table(source, "rl")]
+        if own[0].config.model.path is None:
+            need.append(BASE_MODEL)
     if any(r.config.evaluate.benchmarks == "mini" for r in runs):
         need.append(MINI_BENCHMARKS)
     return need
 
 
 def check_upstream(study: Study, runs: list[RunSpec] | None = None) -> None:
-    """The shared artifacts the runs train and evaluate from must exist: a study never computes them."""
-    missing = [str(p) for p in required_upstream(runs if runs is not None else study.runs(), study.task)
-               if not (study.project / p).exists()]
+    """The shared artifacts the runs train and evaluate from must exist: a study never computes them (its own
+    warm starts aside)."""
+    runs = runs if runs is not None else study.runs()
+    project_seed = None
+    if study.task == "qa" and any(r.warm_seed is not None for r in runs):
+        try:
+            project_seed = load_config(study.project / "params.yaml").seed
+        except (ConfigError, OSError):
+            project_seed = None
+    missing = [str(p) for p in required_upstream(runs, study.task, project_seed) if not (study.project / p).exists()]
     if missing and study.task in GAME_TASKS:
         article = "an" if study.task[0] in "aeiou" else "a"
         raise UserFacingError(f"{study.path}: {article} {study.task} study trains from the project's warm start, and "
@@ -197,11 +218,62 @@ def prepare_folder(study: Study, planned: Planned) -> None:
                 entry.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / FINGERPRINT).write_text(planned.fingerprint + "\n")
+    warm = planned.run.warm_seed
+    own = study.task == "qa" and warm is not None and not warm_starts.is_projects(study, warm)
     for rel in SHARED:
+        if own and rel in (DATA, DVC_LOCK):
+            continue  # a qa run on the study's own warm start: data/ and dvc.lock of its own, below
         if (study.project / rel).exists():
             _link(study.project / rel, folder / rel)
-    if planned.run.warm_seed is not None:  # the study's own warm start this seed plays from
-        _link(warm_starts.model_dir(study, planned.run.warm_seed), folder / GAMES[study.task].sft_model)
+    if own:
+        link_qa_warm_start(study, warm, folder)
+    elif warm is not None and study.task in GAME_TASKS:  # the study's own warm start this seed plays from
+        _link(warm_starts.model_dir(study, warm), folder / GAMES[study.task].sft_model)
+
+
+def link_qa_warm_start(study: Study, seed: int, folder: Path) -> None:
+    """A qa run on the study's own warm start of `seed`: its data/ is a folder whose entries link the project's
+    (world, benchmarks, ...) but for what the warm start made (data/curated, data/teacher_answers.parquet,
+    data/rollouts, data/teachers), which link the warm start's, as models/sft and models/discriminator do;
+    its dvc.lock is the project's with those outputs' digests replaced by the warm start's."""
+    warm = warm_starts.folder(study, seed)
+    data = folder / DATA
+    if data.is_symlink() or data.is_file():
+        data.unlink()  # never write into the project's data/ through a link
+    data.mkdir(parents=True, exist_ok=True)
+    replaced = {rel for rel in warm_starts.QA_OUTPUTS if rel.parts[0] == DATA.name}
+    for entry in sorted((study.project / DATA).iterdir()) if (study.project / DATA).is_dir() else []:
+        if DATA / entry.name not in replaced:
+            _link(entry, data / entry.name)
+    for rel in warm_starts.QA_OUTPUTS:
+        if (warm / rel).exists():
+            _link(warm / rel, folder / rel)
+        elif (folder / rel).is_symlink():
+            (folder / rel).unlink()
+    write_lock(study.project, folder, warm_starts.digests(study, seed))
+
+
+def write_lock(project: Path, folder: Path, digests: dict[str, str]) -> None:
+    """The project's dvc.lock in `folder` (a file), the outputs in `digests` recorded by their content there:
+    what a stage logs as its inputs' digests (tracking.input_digest) is what this run reads."""
+    import yaml
+
+    from protege.dvc_lockfile import parse_dvc_file, read_dvc_lock
+
+    lock = folder / DVC_LOCK
+    if lock.is_symlink() or lock.exists():
+        lock.unlink()
+    text = read_dvc_lock(project)
+    doc = parse_dvc_file(text) if text is not None else None
+    if not isinstance(doc, dict):
+        return
+    for stage in (doc.get("stages") or {}).values():
+        if isinstance(stage, dict) and isinstance(stage.get("outs"), list):
+            stage["outs"] = [{"path": out["path"], "md5": digests[out["path"]]}
+                             if isinstance(out, dict) and out.get("path") in digests else out for out in stage["outs"]]
+    tmp = lock.with_name(lock.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+    os.replace(tmp, lock)
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
@@ -272,13 +344,19 @@ def read_curve(path: Path) -> list[dict] | None:
 
 def upstream_metrics(project: Path) -> dict[str, dict]:
     """The figures of the shared upstream stages a precondition may read (the discriminator's held-out AUROC),
-    as reports/stages/<stage>.json holds them in the project."""
+    as reports/stages/<stage>.json holds them in the project (or in the run's own warm start's folder)."""
     out = {}
     for stage in ("disc_pretrain",):
         path = project / STAGE_METRICS / f"{stage}.json"
         if path.exists():
             out[stage] = json.loads(path.read_text())
     return out
+
+
+def run_upstream_metrics(study: Study, run: RunSpec) -> dict[str, dict]:
+    """The upstream figures of the warm start `run` plays from: its study's own (warm_start_seeds), or the
+    project's."""
+    return upstream_metrics(warm_starts.root(study, run.warm_seed))
 
 
 def game_summary(result: dict) -> dict | None:
@@ -356,7 +434,7 @@ def execute(study: Study, planned: Planned, parent_run_id: str | None) -> Path:
                   "seconds": time.perf_counter() - t0, "finished_at": datetime.now(timezone.utc).isoformat(),
                   "rl": json.loads(rl_summary.read_text()) if run.train and rl_summary.exists() else None,
                   "curve": read_curve(folder / train_curve(CURVE)) if run.train else None,
-                  "upstream_metrics": upstream_metrics(study.project), "models": results}
+                  "upstream_metrics": run_upstream_metrics(study, run), "models": results}
         write_json_atomic(folder / RESULT, result)
     cleanup(study, folder)
     say(f"{run.key}: finished in {result['seconds']:.0f} s -> {folder / RESULT}")
@@ -483,8 +561,9 @@ def finished_record(study: Study, planned: Planned) -> estimate.Finished | None:
 
 
 def expected_time(studies: list[Study], pending: list[tuple[Study, Planned]], finished: list[estimate.Finished],
-                  jobs: int, running: bool = False) -> str:
-    """The queue's expected wall time, from the finished runs or the project's own RL stage records."""
+                  jobs: int, running: bool = False, warm: list[tuple[Study, int]] = ()) -> str:
+    """The queue's expected wall time, from the finished runs or the project's own RL stage records, after the
+    `warm` starts (study, seed) still to train, each costing what the project's own warm-start stages took."""
     priors: dict[tuple[Path, str], float | None] = {}
     for s in studies:
         if (s.project, s.task) not in priors:
@@ -495,15 +574,43 @@ def expected_time(studies: list[Study], pending: list[tuple[Study, Planned]], fi
             priors[s.project, s.task] = estimate.stage_rate(s.project, s.task, params) if params else None
     times = [estimate.run_seconds(s.task, s.part, p.run.train, estimate.work(p.run.config, s.task), finished,
                                   priors[s.project, s.task]) for s, p in pending]
-    line = estimate.describe(times, jobs, len(finished))
+    warm_times = [estimate.warm_start_seconds(s.project, warm_starts.stages(s.task)) for s, _ in warm]
+    line = estimate.describe(times, jobs, len(finished), warm_times)
     return line.replace(" to do,", " left,", 1) if running else line
 
 
+def pending_warm_starts(studies: list[Study], plans: dict[str, list[Planned]]) -> list[tuple[Study, int]]:
+    """The warm starts (study, seed) the planned unfinished runs play from that are not trained yet."""
+    return [(s, w) for s in studies for w in warm_starts.pending(s, [p.run for p in plans[s.name] if not p.finished])]
+
+
+def describe_warm_starts(study: Study, runs: list[RunSpec]) -> list[str]:
+    """One line per warm-start seed of the study (for --dry-run): the project's, trained, or to train before
+    the `runs` (the unfinished ones) start, with the stages it runs and its expected time."""
+    todo = set(warm_starts.pending(study, runs))
+    steps = warm_starts.stages(study.task)
+    seconds = estimate.warm_start_seconds(study.project, steps) if todo else None
+    out = []
+    for w in study.warm_start_seeds:
+        if warm_starts.is_projects(study, w):
+            what = f"the project's own (params.yaml seed {w}), linked"
+        elif w in todo:
+            what = (f"to train: {', '.join(steps)} into {warm_starts.folder(study, w)}"
+                    + (f", about {estimate.minutes(seconds)}" if seconds is not None else ""))
+        elif warm_starts.finished(study, w):
+            what = f"trained ({warm_starts.folder(study, w)})"
+        else:
+            what = "not trained; no unfinished run plays from it"
+        out.append(f"warm start {w}: {what}")
+    return out
+
+
 def queue_estimate(studies: list[Study], plans: dict[str, list[Planned]], jobs: int) -> str:
-    """The expected-time line for `plans` (each study's planned runs, by study name) run `jobs` at a time."""
+    """The expected-time line for `plans` (each study's planned runs, by study name) run `jobs` at a time,
+    after the warm starts they need."""
     pending = [(s, p) for s in studies for p in plans[s.name] if not p.finished]
     finished = [f for s in studies for p in plans[s.name] if p.finished and (f := finished_record(s, p)) is not None]
-    return expected_time(studies, pending, finished, jobs)
+    return expected_time(studies, pending, finished, jobs, warm=pending_warm_starts(studies, plans))
 
 
 def run_study(study: Study | Suite, jobs: int = 1, isolated: bool = True) -> dict[str, Path]:

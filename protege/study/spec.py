@@ -28,6 +28,13 @@ GRPO): variants may change `tool.rl.*`, `tool.eval_episodes` and `tool.eval_batc
 episode) or `entropy`. For `format_errors` and `runtime_errors` lower is better: a claim "A better than B"
 on them is reproduced when A has fewer.
 
+`warm_start_seeds: [0, 1]` gives the study warm starts of its own, one per seed listed, trained before the
+runs into reports/study/<name>/warm_starts/seed-<w>/ (the one whose seed is params.yaml's `seed` is the
+project's, linked): a game study's warm-start recipe (agent_sft / tool_sft); a qa study's sft, curate,
+teachers, rollouts and disc_pretrain, whose outputs (models/sft, data/curated, data/teacher_answers.parquet,
+data/rollouts, models/discriminator) its runs link in place of the project's. The i-th of `seeds` plays from
+warm_start_seeds[i mod n]; a `train: false` variant then runs once per seed, so every difference stays paired.
+
 `project_params: {agent.env: points24}` names settings params.yaml must already hold (what the shared warm start
 was made with): the study refuses to load otherwise, rather than silently run another game.
 
@@ -176,8 +183,10 @@ class StudyFile(_Strict):
     claims: list[ClaimSpec] = []
     preconditions: list[PreconditionSpec] = []
     services: dict[str, ServiceSpec] = {}
-    # a game study's own warm starts (agent_sft / tool_sft with these seeds): the i-th of `seeds` plays from
-    # warm_start_seeds[i mod n], so every arm meets every warm start; empty: the project's warm start
+    # the study's own warm starts, one per seed listed: a game study's warm-start recipe (agent_sft / tool_sft),
+    # a qa study's sft, curate, teachers, rollouts and disc_pretrain (protege.study.warm_starts); the i-th of
+    # `seeds` plays from warm_start_seeds[i mod n], so every arm meets every warm start; params.yaml's own seed
+    # is the project's warm start; empty: the project's warm start for every seed
     warm_start_seeds: list[int] = []
 
 
@@ -260,7 +269,7 @@ class Study:
     task: str = "qa"
     part: str | None = None                # the key of this study in its file's `parts:` (None: the whole file)
     preconditions: list[Precondition] = field(default_factory=list)
-    warm_start_seeds: list[int] = field(default_factory=list)  # a game study's own warm starts (see StudyFile)
+    warm_start_seeds: list[int] = field(default_factory=list)  # the study's own warm starts (see StudyFile)
 
     @property
     def out_dir(self) -> Path:
@@ -605,9 +614,6 @@ def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -
                 raise ConfigError(f"{shown}: claims[{i}].requires '{name}' is not a precondition (preconditions: "
                                   f"{', '.join(preconditions) or 'none declared'})")
     if spec.warm_start_seeds:
-        if spec.task not in GAME_TASKS:
-            raise ConfigError(f"{shown}: warm_start_seeds: a qa study trains from the project's SFT checkpoint; only "
-                              f"game studies (task: agent or tool) train their own warm starts")
         if len(set(spec.warm_start_seeds)) != len(spec.warm_start_seeds) or min(spec.warm_start_seeds) < 0:
             raise ConfigError(f"{shown}: warm_start_seeds must be distinct seeds >= 0 (got {spec.warm_start_seeds})")
         if len(spec.seeds) < len(spec.warm_start_seeds):
