@@ -56,3 +56,27 @@ def test_stage_rate_reads_the_projects_rl_record(tmp_path):
     (tmp_path / STAGE_METRICS / "rl.json").write_text("{not json")
     assert stage_rate(tmp_path, "qa", cfg) is None
     assert estimate.RL_STAGE["tool"] == "tool_rl"
+
+
+def test_a_warm_start_costs_what_the_projects_own_stages_took(tmp_path):
+    """The stage JSON's `seconds` first, else the pipeline's record or dvc.yaml's hint; None when a stage
+    has neither."""
+    stages = ("sft", "curate", "disc_pretrain")
+    assert estimate.warm_start_seconds(tmp_path, stages) is None
+    (tmp_path / "dvc.yaml").write_text("stages:\n  sft: {cmd: x, meta: {seconds: 100}}\n"
+                                       "  curate: {cmd: x, meta: {seconds: 7}}\n"
+                                       "  disc_pretrain: {cmd: x, meta: {seconds: 40}}\n")
+    assert estimate.warm_start_seconds(tmp_path, stages) == 147.0
+    (tmp_path / STAGE_METRICS).mkdir(parents=True)
+    (tmp_path / STAGE_METRICS / "sft.json").write_text(json.dumps({"seconds": 20.0, "loss": 1.0}))
+    (tmp_path / STAGE_METRICS / "disc_pretrain.json").write_text(json.dumps({"heldout_auroc": 0.7}))  # no seconds
+    assert estimate.warm_start_seconds(tmp_path, stages) == 67.0
+    assert estimate.warm_start_seconds(tmp_path, ("sft", "teachers")) is None
+
+
+def test_describe_counts_the_warm_starts_before_the_runs():
+    line = describe([60.0, 60.0], 2, 0, warm=[120.0, 120.0])
+    assert "after 2 warm start(s) to train" in line and "expected about 5 min (4 min of it warm starts)" in line
+    assert "for the 0 warm start(s) with an estimate" in describe([60.0], 1, 0, warm=[None])
+    assert "expected about 2 min" in describe([], 1, 3, warm=[120.0])
+    assert describe([], 1, 3) == "0 run(s) to do, 3 finished earlier, 1 at a time"

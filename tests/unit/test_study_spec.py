@@ -232,20 +232,28 @@ def test_the_headline_claims_require_their_preconditions(project):
     assert len(load_study(project / "gtr_turbo.yaml", project).preconditions) == 6
 
 
-def test_warm_start_seeds_belong_to_game_studies(project):
+def test_warm_start_seeds_for_game_and_qa_studies(project):
     body = ("task: agent\nseeds: [1, 2, 3, 4]\nwarm_start_seeds: [0, 7]\nbaseline: plain\n"
             "variants: {base: {train: false}, plain: {}}\n")
     study = load_study(write(project, body), project)
     assert [study.warm_seed(s) for s in (1, 2, 3, 4)] == [0, 7, 0, 7]
     assert [r.seed for r in study.runs() if r.variant == "base"] == [1, 2, 3, 4]
-    for bad, message in [
-        (body.replace("task: agent", "task: qa").replace("plain: {}", "plain: {rl.steps: 2}"),
-         "warm_start_seeds: a qa study trains from the project's SFT"),
-        (body.replace("[0, 7]", "[3, 3]"), "warm_start_seeds must be distinct seeds >= 0"),
-        (body.replace("[0, 7]", "[-1, 2]"), "warm_start_seeds must be distinct seeds >= 0"),
-        (body.replace("seeds: [1, 2, 3, 4]", "seeds: [1]"), "2 warm_start_seeds need at least as many seeds"),
-    ]:
-        with pytest.raises(ConfigError, match=re.escape(message)):
-            load_study(write(project, bad), project)
+    qa_body = body.replace("task: agent", "task: qa").replace("plain: {}", "plain: {rl.steps: 2}")
+    qa = load_study(write(project, qa_body), project)
+    assert qa.task == "qa" and qa.warm_start_seeds == [0, 7]
+    assert [(r.variant, r.seed, r.warm_seed) for r in qa.runs()] == [
+        ("base", 1, 0), ("base", 2, 7), ("base", 3, 0), ("base", 4, 7),
+        ("plain", 1, 0), ("plain", 2, 7), ("plain", 3, 0), ("plain", 4, 7)]
+    three = load_study(write(project, qa_body.replace("[0, 7]", "[5, 0, 9]")), project)
+    assert [three.warm_seed(s) for s in (1, 2, 3, 4)] == [5, 0, 9, 5]
+    for text in (body, qa_body):
+        for bad, message in [
+            (text.replace("[0, 7]", "[3, 3]"), "warm_start_seeds must be distinct seeds >= 0"),
+            (text.replace("[0, 7]", "[-1, 2]"), "warm_start_seeds must be distinct seeds >= 0"),
+            (text.replace("seeds: [1, 2, 3, 4]", "seeds: [1]"), "2 warm_start_seeds need at least as many seeds"),
+            (text.replace("[0, 7]", "[0, x]"), "key 'warm_start_seeds.1'"),
+        ]:
+            with pytest.raises(ConfigError, match=re.escape(message)):
+                load_study(write(project, bad), project)
     plain = load_study(write(project, body.replace("warm_start_seeds: [0, 7]\n", "")), project)
     assert plain.warm_seed(1) is None and [r.seed for r in plain.runs() if r.variant == "base"] == [1]
