@@ -628,6 +628,11 @@ def run_study(study: Study | Suite, jobs: int = 1, isolated: bool = True) -> dic
     for s in studies:
         planned = plan(s)
         check_upstream(s, [p.run for p in planned if not p.finished])
+        if warm := warm_starts.pending(s, [p.run for p in planned if not p.finished]):
+            each = estimate.warm_start_seconds(s.project, warm_starts.stages(s.task))
+            say(f"{s.part + ': ' if s.part else ''}{len(warm)} warm start(s) to train first (seed "
+                f"{', '.join(map(str, warm))})" + (f": expected about {estimate.minutes(each * len(warm))}"
+                                                   if each is not None else ""))
         warm_starts.ensure(s, [p.run for p in planned if not p.finished], log=say)
         for p in planned:
             if p.finished:
