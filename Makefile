@@ -45,7 +45,7 @@ demo: $(STAMP)
 	@echo
 	@echo "MLflow UI: $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db"
 
-# Each paper's headline claim, 3 seeds, from the finished demo's upstream artifacts (run `make demo` first):
+# Each paper's headline claim, 5 RL seeds over 2 warm starts, from the finished demo's project (run `make demo` first):
 # about 21 runs, two at a time; finished runs are kept, so a re-run with nothing changed rewrites the report.
 results: $(STAMP)
 	$(BIN)/protege study studies/headline.yaml --jobs 2

@@ -26,7 +26,7 @@ TEMPLATE = """\
 stages:
   world:
     cmd: protege stage world
-    meta: {seconds: 20}
+    meta: {seconds: 14}
     deps:
     params: [seed, world, model]
     outs:
@@ -47,7 +47,7 @@ stages:
           cache: false
   mini_benchmarks:
     cmd: protege stage mini_benchmarks
-    meta: {seconds: 4}
+    meta: {seconds: 2}
     deps:
       - data/world
     params: [world.seed, world.image_size, evaluate.mini_items]
@@ -57,7 +57,7 @@ stages:
           cache: false
   validate:
     cmd: protege stage validate
-    meta: {seconds: 7}
+    meta: {seconds: 11}
     deps:
       - data/world
     params: []
@@ -68,7 +68,7 @@ stages:
           cache: false
   sft:
     cmd: protege stage sft
-    meta: {seconds: 195}
+    meta: {seconds: 213}
     deps:
       - data/world/train.parquet
       - data/world/images/train
@@ -83,7 +83,7 @@ stages:
           cache: false
   curate:
     cmd: protege stage curate
-    meta: {seconds: 7}
+    meta: {seconds: 21}
     deps:
       - data/world/rl.parquet
       - data/world/images/rl
@@ -103,7 +103,7 @@ stages:
           cache: false
   teachers:
     cmd: protege stage teachers
-    meta: {seconds: 7}
+    meta: {seconds: 10}
     deps:
       - data/curated
     params: [seed, curate.max_teacher_tokens, teachers.answers_per_question, teachers.error_rate, teachers.pool, model.digest, model.path, model.trust_remote_code]
@@ -116,7 +116,7 @@ stages:
           cache: false
   rollouts:
     cmd: protege stage rollouts
-    meta: {seconds: 9}
+    meta: {seconds: 38}
     deps:
       - data/curated
       - models/sft
@@ -128,7 +128,7 @@ stages:
           cache: false
   disc_pretrain:
     cmd: protege stage disc_pretrain
-    meta: {seconds: 41}
+    meta: {seconds: 51}
     deps:
       - data/rollouts
       - data/teacher_answers.parquet
@@ -141,7 +141,7 @@ stages:
           cache: false
   rl:
     cmd: protege stage rl
-    meta: {seconds: 65}
+    meta: {seconds: 88}
     deps:
       - data/curated
       - data/world/val.parquet   # the learning curve's questions
@@ -164,7 +164,7 @@ stages:
           cache: false
   rl_baseline:     # the same run with rl.baseline's algorithm (dr_grpo); rl.baseline: null -> nothing trained
     cmd: protege stage rl_baseline
-    meta: {seconds: 29}
+    meta: {seconds: 34}
     deps:
       - data/curated
       - data/world/val.parquet
@@ -187,7 +187,7 @@ stages:
           cache: false
   merge:
     cmd: protege stage merge
-    meta: {seconds: 5}
+    meta: {seconds: 2}
     deps:
       - models/rl
       - models/sft
@@ -196,7 +196,7 @@ stages:
       - models/merged
   agent_sft:
     cmd: protege stage agent_sft
-    meta: {seconds: 216}
+    meta: {seconds: 221}
     deps:
       - models/base
     params: [seed, world.image_size, agent, model.digest, model.dtype, model.gradient_checkpointing, model.path, model.trust_remote_code]
@@ -207,7 +207,7 @@ stages:
           cache: false
   agent_rl:
     cmd: protege stage agent_rl
-    meta: {seconds: 141}
+    meta: {seconds: 167}
     deps:
       - models/agent_sft
     params: [seed, world.image_size, agent, model.dtype, model.gradient_checkpointing, model.trust_remote_code, model.lora]
@@ -224,7 +224,7 @@ stages:
           cache: false
   tool_sft:
     cmd: protege stage tool_sft
-    meta: {seconds: 342}
+    meta: {seconds: 246}
     deps:
       - models/base
     params: [seed, world.image_size, tool, model.digest, model.dtype, model.gradient_checkpointing, model.path, model.trust_remote_code]
@@ -235,7 +235,7 @@ stages:
           cache: false
   tool_rl:
     cmd: protege stage tool_rl
-    meta: {seconds: 78}
+    meta: {seconds: 88}
     deps:
       - models/tool_sft
     params: [seed, world.image_size, tool, model.dtype, model.gradient_checkpointing, model.trust_remote_code, model.lora]
@@ -252,7 +252,7 @@ stages:
           cache: false
   evaluate:
     cmd: protege stage evaluate
-    meta: {seconds: 24}
+    meta: {seconds: 26}
     deps:
       - data/world/test.parquet
       - data/world/images/test
@@ -276,7 +276,7 @@ stages:
           cache: false
   promote:
     cmd: protege stage promote
-    meta: {seconds: 6}
+    meta: {seconds: 2}
     deps:
       - reports/eval.json
     params: [promote]
