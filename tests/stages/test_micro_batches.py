@@ -247,6 +247,23 @@ def test_sft_and_discriminator_gradients_do_not_depend_on_the_split(tiny_student
         DiscPretrainConfig(steps=1, batch_size=6, micro_batch_tokens=tokens), seed=0)))
 
 
+def test_warm_start_gradients_do_not_depend_on_the_length_groups(tiny_student, tiny_processor, step_grads):
+    """The agent warm start on whole episodes (context full: rows of differing length), one forward over the
+    padded batch against micro-batches of like length cut to their own width, and one row per forward."""
+    from protege.config import AgentConfig
+    from protege.train.agent_sft import train_agent_sft
+
+    cfg = lambda tokens: AgentConfig.model_validate({
+        "context": "full", "grid": {"max_turns": 4},
+        "sft": {"episodes": 8, "steps": 1, "batch_size": 6, "micro_batch_tokens": tokens}})
+    grads = []
+    for tokens in (None, ONE_ROW):
+        step_grads.clear()
+        train_agent_sft(copy.deepcopy(tiny_student), tiny_processor, cfg(tokens), 64, seed=0)
+        grads.append(list(step_grads))
+    assert_same_grads(*grads)
+
+
 class EngineBeside:
     """A rollout engine (vLLM's interface) that samples with the policy itself but reports every sampled token's
     log-prob as `reported`: a stand-in for a bf16 engine whose distribution differs from the policy's."""
