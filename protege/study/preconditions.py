@@ -10,8 +10,8 @@ fixed in the study file before anything runs:
 - `collapse`: start = the mean of the curve's first `window` points, end = the mean of its last `window`
   points (at least 2 x window points needed). direction down: met when end <= ratio x start and/or end <=
   threshold (every one given must hold); up: end >= ratio x start and/or end >= threshold.
-- `at_least_part_of_run`: met when metric >= than at `points` or more of the steps where both were
-  measured (a curve every rl.eval_every steps).
+- `at_least_part_of_run`: met when metric >= than, and metric > 0, at `points` or more of the steps where
+  both were measured (a curve every rl.eval_every steps); a tie at zero counts for nothing.
 - `above`: met when the value > threshold; `between`: met when lo <= value <= hi. A curve's value is its
   `at` (first | last) point; an upstream figure is the figure.
 
@@ -75,7 +75,8 @@ def measure(pre: Precondition, result: dict) -> dict:
         steps = sorted(set(a) & set(b))
         if not steps:
             return {"met": None, "why": f"no step with both {pre.metric} and {pre.than}"}
-        ahead = [s for s in steps if a[s] >= b[s]]
+        # a tie at zero (neither solves anything) shows no teacher worth following: it does not count
+        ahead = [s for s in steps if a[s] >= b[s] and a[s] > 0]
         return {"met": len(ahead) >= pre.points, "points": len(steps), "ahead": len(ahead), "steps": ahead,
                 "max_gap": max(a[s] - b[s] for s in steps)}
     value, step = _value(pre, result)
@@ -95,7 +96,8 @@ def criterion(pre: Precondition) -> str:
         return (f"{pre.metric} {'falls' if pre.direction == 'down' else 'rises'}: end {' and '.join(parts)} "
                 f"(start, end: the mean of the curve's first, last {span})")
     if pre.kind == "at_least_part_of_run":
-        return f"{pre.metric} >= {pre.than} at {pre.points} or more curve point{'s' if pre.points > 1 else ''}"
+        return (f"{pre.metric} >= {pre.than} and > 0 at {pre.points} or more curve "
+                f"point{'s' if pre.points > 1 else ''}")
     where = "" if "." in pre.metric else f" at the {pre.at} step"
     if pre.kind == "above":
         return f"{pre.metric}{where} > {pre.threshold:g}"

@@ -72,6 +72,9 @@ def test_at_least_part_of_run_needs_the_metric_at_or_above_the_other_at_enough_p
     assert m["met"] is True and m["points"] == 3 and m["ahead"] == 1 and m["steps"] == [4]  # a tie counts
     assert measure(pre(kind="at_least_part_of_run", metric="teacher", than="policy", points=2), run(curve))["met"] is False
     assert measure(p, run([{"step": 2, "teacher": 0.9}]))["met"] is None  # never both at one step
+    # neither solving anything is a tie at zero: it shows no teacher worth following
+    zeros = [{"step": s, "teacher": 0.0, "policy": 0.0} for s in (0, 10, 20)]
+    assert measure(p, run(zeros)) == {"met": False, "points": 3, "ahead": 0, "steps": [], "max_gap": 0.0}
 
 
 def test_above_and_between_on_a_curve_point_or_an_upstream_figure():
