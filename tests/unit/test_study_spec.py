@@ -211,6 +211,28 @@ def test_a_study_can_require_what_the_warm_start_was_made_with(project):
         load_study(write(project, bad), project)
 
 
+def test_the_ezpoints_study_needs_the_two_card_game_and_reads_collapse_from_the_actions(project):
+    """studies/gtr_turbo_ezpoints.yaml: refused while params.yaml plays 4 cards; its seeds are not the probe's
+    (1, 2) and its claims wait for plain PPO's invalid actions to rise and its success to fall."""
+    import yaml
+
+    shutil.copy(REPO / "studies/gtr_turbo_ezpoints.yaml", project / "ez.yaml")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["agent"]["env"] = "points24"
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError, match="project_params agent.points24.cards: 2, but"):
+        load_study(project / "ez.yaml", project)
+    params["agent"]["points24"] = {**(params["agent"].get("points24") or {}), "cards": 2}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    study = load_study(project / "ez.yaml", project)
+    assert not {1, 2} & set(study.seeds) and len(study.seeds) == 10 and study.warm_start_seeds == [0, 1]
+    run = study.find_run("plain", 3)
+    assert run.config.agent.points24.cards == 2 and run.config.agent.rl.steps == 120
+    assert study.claims[0].requires == ("plain_actions_collapse", "plain_success_falls", "teacher_leads")
+    actions = next(p for p in study.preconditions if p.name == "plain_actions_collapse")
+    assert (actions.metric, actions.direction, actions.ratio, actions.threshold) == ("format_error_rate", "up", 3.0, 0.3)
+
+
 def test_the_headline_claims_require_their_preconditions(project):
     """GTR-Turbo's claims wait for plain RL's collapse and a leading teacher (the curve every 10 steps);
     RIL's for a discriminator that separates and a similarity reward that starts in range."""
