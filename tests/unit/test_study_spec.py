@@ -181,7 +181,9 @@ def test_the_headline_study_file_loads_against_the_project_params(project):
     shutil.copy(REPO / "studies/headline.yaml", project / "headline.yaml")
     suite = load_suite(project / "headline.yaml", project)
     assert [(s.part, s.task) for s in suite.studies] == [("ril", "qa"), ("gtr_turbo", "agent"), ("gtpo", "tool")]
-    assert all(s.seeds == [1, 2, 3] for s in suite.studies)
+    # at least 5 RL seeds over 2 warm starts per compared arm: seeds 1, 3, 5 on one, 2 and 4 on the other
+    assert all(s.seeds == [1, 2, 3, 4, 5] and s.warm_start_seeds == [0, 1] for s in suite.studies)
+    assert [suite.study("ril").warm_seed(i) for i in (1, 2, 3, 4, 5)] == [0, 1, 0, 1, 0]
     ril = suite.study("ril")
     visits = ril.find_run("ril", 1).config.rl.steps * ril.find_run("ril", 1).config.rl.questions_per_step
     assert visits == 9600 and suite.report_paths()["md"] == project / "reports/results.md"
