@@ -29,17 +29,13 @@ claims:
 """
 
 
-class NoTracking:
-    def __getattr__(self, name):
-        return lambda *a, **k: ""
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """A project (params seed 0) holding world .. disc_pretrain of tiny params, made by the stage recipes."""
     import torch
 
     from protege.stages import stage_module
+    from protege.stages.common import QuietRun
 
     torch.set_num_threads(1)
     proj = tmp_path_factory.mktemp("qa_warm")
@@ -50,7 +46,7 @@ def project(tmp_path_factory):
     (proj / "params.yaml").write_text(yaml.safe_dump(params))
     cfg = Config.model_validate(params)
     for stage in ("world", "sft", "curate", "teachers", "rollouts", "disc_pretrain"):
-        stage_module(stage).run(cfg, proj, NoTracking())
+        stage_module(stage).run(cfg, proj, QuietRun())
     (proj / "study.yaml").write_text(STUDY)
     return proj
 
