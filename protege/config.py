@@ -675,6 +675,10 @@ class PPOConfig(Section):
     clip_eps: float = Field(0.1, gt=0, lt=1)          # PPO's ratio clip (agent.rl.clip_eps is the GRPO family's)
     epochs: int = Field(4, ge=1, le=1000)             # passes over each step's episodes
     value_coef: float = Field(0.5, ge=0, le=1000)     # loss += value_coef * 0.5 * mean (V - GAE target)^2
+    # RL4VLM's clipped value loss: V moves at most value_clip from its value at play time per update (the code's
+    # clip_param, 0.1); null: the plain squared error
+    value_clip: float | None = Field(0.1, gt=0, le=1000)
+    max_grad_norm: float = Field(0.01, gt=0, le=1e6)  # the update's gradient norm clip (RL4VLM's and GTR-Turbo's: 0.01)
     # token: a ratio per token at temperature 1 | rl4vlm (RL4VLM's and GTR-Turbo's code): one ratio per output (turn)
     # from thought_weight * its thought tokens' log-prob + its other tokens', at the sampling temperature
     objective: Literal["token", "rl4vlm"] = "token"

@@ -148,6 +148,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
     # the schedule counts RL steps: PPO's ppo.epochs optimizer steps per RL step share one rate
     updater = make_updater(rl.backend, policy, params + (list(head.parameters()) if ppo else []), rl.lr,
                            rl.zero_stage, device, key=f"{section}.rl.backend",
+                           clip=rl.ppo.max_grad_norm if ppo else 1.0,
                            lr_lambda=None if rl.schedule == "constant" and not rl.warmup_steps
                            else (lambda i: lr_factor(i // epochs, rl)))
     parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
@@ -235,6 +236,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
             if returns.after is not None:  # a term on the returns after estimation moves the targets too
                 targets = targets + returns.after * valid
             targets, n_turns = targets.to(device), float(valid.sum())
+            values_old = values.to(device)
         aggregation = "dr_grpo" if rl.algorithm == "dr_grpo" else "grpo"  # gtpo and ppo average as grpo does
         for k in range(epochs):
             loss, stats, v_loss = 0.0, {"kl": 0.0, "clip_fraction": 0.0}, 0.0
@@ -256,7 +258,8 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
                                                     rows=n_rows, tokens=n_tok)
                 if ppo:
                     v_part, held = turn_values(v_tok, part, E, T, with_found=True)
-                    v_share = value_loss(v_part, targets, valid.to(device) & held, turns=n_turns)
+                    v_share = value_loss(v_part, targets, valid.to(device) & held, turns=n_turns,
+                                         old=values_old, clip=rl.ppo.value_clip)
                     v_loss += float(v_share.detach())
                     share = share + rl.ppo.value_coef * v_share
                 if not torch.isfinite(share):

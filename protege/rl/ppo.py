@@ -71,9 +71,16 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, gamma:
 
 
 def value_loss(values: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor,
-               turns: float | None = None) -> torch.Tensor:
+               turns: float | None = None, old: torch.Tensor | None = None, clip: float | None = None) -> torch.Tensor:
     """0.5 * mean over the valid turns of (V - target)^2. values, targets: [E, T]; valid: [E, T] -> scalar.
     For a micro-batch, `valid` marks the turns it holds and `turns` counts the whole batch's valid turns: the
-    value is then this micro-batch's share of the whole batch's loss."""
+    value is then this micro-batch's share of the whole batch's loss.
+    With `old` (V when the episodes were played, [E, T]) and `clip`, each turn's term is RL4VLM's clipped one,
+    max((V - target)^2, (old + clamp(V - old, -clip, clip) - target)^2): V gains nothing from moving more than
+    `clip` from `old` in one update, which keeps the value loss of large returns off a backbone the policy shares."""
     v = valid.to(values.dtype)
-    return 0.5 * (((values - targets) ** 2) * v).sum() / (v.sum().clamp(min=1) if turns is None else max(turns, 1.0))
+    err = (values - targets) ** 2
+    if old is not None and clip is not None:
+        old = old.to(values.dtype)
+        err = torch.maximum(err, (old + (values - old).clamp(-clip, clip) - targets) ** 2)
+    return 0.5 * (err * v).sum() / (v.sum().clamp(min=1) if turns is None else max(turns, 1.0))

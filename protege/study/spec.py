@@ -281,13 +281,15 @@ class Study:
         return {ext: base.with_name(f"{self.name}.{ext}") for ext in ("md", "json", "png")}
 
     def runs(self) -> list[RunSpec]:
-        """Every (variant, seed) run in file order; a `train: false` variant runs once (first seed)."""
+        """Every (variant, seed) run, seed by seed and each seed's variants in file order, so a study stopped
+        part way has whole seeds to pair; a `train: false` variant runs once (first seed)."""
         out = []
-        for v in self.variants.values():
-            # an evaluation-only variant runs once, or once per seed where the seeds use several warm starts
-            for seed in (self.seeds if v.train or self.warm_start_seeds else self.seeds[:1]):
-                out.append(RunSpec(v.name, seed, v.train, v.config.model_copy(update={"seed": seed}), v.overrides,
-                                   self.warm_seed(seed)))
+        for seed in self.seeds:
+            for v in self.variants.values():
+                # an evaluation-only variant runs once, or once per seed where the seeds use several warm starts
+                if v.train or self.warm_start_seeds or seed == self.seeds[0]:
+                    out.append(RunSpec(v.name, seed, v.train, v.config.model_copy(update={"seed": seed}),
+                                       v.overrides, self.warm_seed(seed)))
         return out
 
     def warm_seed(self, seed: int) -> int | None:

@@ -162,8 +162,8 @@ def test_warm_start_seeds_train_their_own_warm_starts_and_pair_every_arm(project
     (project / "warm.yaml").write_text(WARM_STUDY)
     study = load_study(project / "warm.yaml", project)
     assert [(r.variant, r.seed, r.warm_seed) for r in study.runs()] == [
-        ("warm_start", 0, 0), ("warm_start", 1, 5), ("warm_start", 2, 0),
-        ("plain", 0, 0), ("plain", 1, 5), ("plain", 2, 0)]
+        ("warm_start", 0, 0), ("plain", 0, 0), ("warm_start", 1, 5), ("plain", 1, 5),
+        ("warm_start", 2, 0), ("plain", 2, 0)]  # seed by seed: a study stopped part way has whole seeds
     assert warm_starts.model_dir(study, 0) == project / "models/agent_sft"
     own = warm_starts.model_dir(study, 5)
     assert own == study.out_dir / "warm_starts/seed-5/models/agent_sft" and not own.exists()

@@ -51,3 +51,17 @@ def test_a_turns_value_is_read_at_its_first_policy_token():
                       owner=torch.tensor([0, 1]))
     values = torch.arange(10, dtype=torch.float32).view(2, 5)
     assert torch.equal(turn_values(values, traj, episodes=2, turns=2), torch.tensor([[1.0, 4.0], [7.0, 0.0]]))
+
+
+def test_clipped_value_loss_takes_the_larger_term_and_stops_v_beyond_the_clip():
+    # turn 1: V moved 1.0 from old 1.0 towards target 3: clipped V = 1.1, (1.1 - 3)^2 = 3.61 > (2 - 3)^2 = 1
+    # turn 2: V moved 0.05 (inside the clip) from old 1.0 towards 0: both terms (0.95 - 0)^2 = 0.9025
+    v = torch.tensor([[2.0, 0.95]], requires_grad=True)
+    old, t, valid = torch.tensor([[1.0, 1.0]]), torch.tensor([[3.0, 0.0]]), torch.tensor([[True, True]])
+    loss = value_loss(v, t, valid, old=old, clip=0.1)
+    assert loss.item() == pytest.approx(0.5 * (3.61 + 0.9025) / 2)
+    loss.backward()
+    # the clipped turn gives V no gradient; the other gives 0.5 * 2 * 0.95 / 2 turns
+    assert v.grad.tolist()[0] == pytest.approx([0.0, 0.475])
+    # without old, the plain squared error
+    assert value_loss(v, t, valid).item() == pytest.approx(0.5 * (1.0 + 0.9025) / 2)

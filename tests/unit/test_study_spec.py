@@ -41,8 +41,9 @@ def test_variants_resolve_against_params_yaml(project):
     study = load_study(write(project, GOOD), project)
     assert study.name == "s" and study.seeds == [1, 2] and study.baseline == "ril"
     runs = study.runs()
-    assert [r.key for r in runs] == ["sft/seed-1", "ril/seed-1", "ril/seed-2", "dr_grpo/seed-1", "dr_grpo/seed-2",
-                                     "kl0/seed-1", "kl0/seed-2"]  # train: false runs once
+    # seed by seed, so a study stopped part way has whole seeds to pair; train: false runs once
+    assert [r.key for r in runs] == ["sft/seed-1", "ril/seed-1", "dr_grpo/seed-1", "kl0/seed-1",
+                                     "ril/seed-2", "dr_grpo/seed-2", "kl0/seed-2"]
     kl0 = study.find_run("kl0", 2)
     assert kl0.config.seed == 2 and kl0.config.rl.kl_beta == 0.0 and kl0.config.rl.algorithm == "ril"
     assert kl0.overrides == {"rl.kl_beta": 0.0}  # resolved values, as the schema reads them
@@ -266,8 +267,8 @@ def test_warm_start_seeds_for_game_and_qa_studies(project):
     qa = load_study(write(project, qa_body), project)
     assert qa.task == "qa" and qa.warm_start_seeds == [0, 7]
     assert [(r.variant, r.seed, r.warm_seed) for r in qa.runs()] == [
-        ("base", 1, 0), ("base", 2, 7), ("base", 3, 0), ("base", 4, 7),
-        ("plain", 1, 0), ("plain", 2, 7), ("plain", 3, 0), ("plain", 4, 7)]
+        ("base", 1, 0), ("plain", 1, 0), ("base", 2, 7), ("plain", 2, 7),
+        ("base", 3, 0), ("plain", 3, 0), ("base", 4, 7), ("plain", 4, 7)]
     three = load_study(write(project, qa_body.replace("[0, 7]", "[5, 0, 9]")), project)
     assert [three.warm_seed(s) for s in (1, 2, 3, 4)] == [5, 0, 9, 5]
     for text in (body, qa_body):
