@@ -264,8 +264,13 @@ def test_cosine_schedule_anneals_the_rate_and_its_step_count_joins_the_fingerpri
     assert agent_fingerprint(base, 0) == agent_fingerprint(flat, 0)  # constant: more steps continue the run
 
 
-def test_ppo_takes_its_epochs_and_learns_values(tiny_student, tiny_processor, tmp_path):
+def test_ppo_takes_its_epochs_and_learns_values(tiny_student, tiny_processor, tmp_path, monkeypatch):
+    from protege.rl import agent_loop
     from protege.rl.agent_loop import run_agent_rl as run
+
+    clips = []  # the gradient clip the loop's updater is built with (the real updater, recorded)
+    real = agent_loop.make_updater
+    monkeypatch.setattr(agent_loop, "make_updater", lambda *a, **kw: clips.append(kw["clip"]) or real(*a, **kw))
 
     base = tiny_cfg()
     cfg = base.model_copy(update={"rl": base.rl.model_copy(update={"algorithm": "ppo", "steps": 2,
@@ -275,6 +280,7 @@ def test_ppo_takes_its_epochs_and_learns_values(tiny_student, tiny_processor, tm
     run(tiny_student, tiny_processor, cfg, 64, tmp_path / "out", seed=0, on_log=lambda s, m: logs.append(m),
         state_dir=tmp_path / "state", new_env=VarietyEnv)
     assert len(logs) == 2 and all(m["value_loss"] > 0 for m in logs)
+    assert clips == [0.01] and all(0 < m["grad_norm"] < float("inf") for m in logs)  # RL4VLM's max_grad_norm
     assert any(not torch.equal(v, before[k]) for k, v in tiny_student.state_dict().items())
     # the value head started at V = 0 and was trained: its saved state is no longer all zeros
     from safetensors.torch import load_file
