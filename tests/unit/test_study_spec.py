@@ -236,6 +236,25 @@ def test_the_ezpoints_study_needs_the_two_card_game_and_reads_collapse_from_the_
     assert (actions.metric, actions.direction, actions.ratio, actions.threshold) == ("format_error_rate", "up", 3.0, 0.3)
 
 
+def test_the_ezpoints_code_study_samples_and_scores_as_the_official_code(project):
+    """studies/gtr_turbo_ezpoints_code.yaml: RL4VLM's sampling (temperature 0.2, top-k 5, repetition penalty 1.2)
+    and one ratio per output in both arms; 5 RL seeds over 2 warm starts, none of them the probe's."""
+    import yaml
+
+    shutil.copy(REPO / "studies/gtr_turbo_ezpoints_code.yaml", project / "code.yaml")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["agent"]["env"] = "points24"
+    params["agent"]["points24"] = {**(params["agent"].get("points24") or {}), "cards": 2}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    study = load_study(project / "code.yaml", project)
+    assert not {1, 2} & set(study.seeds) and len(study.seeds) >= 5 and study.warm_start_seeds == [0, 1]
+    for arm in ("plain", "gtr_kl"):
+        rl = study.find_run(arm, 4).config.agent.rl
+        assert (rl.ppo.objective, rl.temperature, rl.top_k, rl.repetition_penalty, rl.ppo.thought_weight) == \
+            ("rl4vlm", 0.2, 5, 1.2, 0.5)
+    assert study.claims[0].requires == ("plain_success_falls", "teacher_leads")
+
+
 def test_the_headline_claims_require_their_preconditions(project):
     """GTR-Turbo's claims wait for plain RL's collapse and a leading teacher (the curve every 10 steps);
     RIL's for a discriminator that separates and a similarity reward that starts in range."""
