@@ -86,7 +86,7 @@ def test_each_seed_plays_from_its_warm_start(study):
     from protege.study import warm_starts
 
     assert [(r.variant, r.seed, r.warm_seed) for r in study.runs()] == [
-        ("sft", 0, 0), ("sft", 1, 7), ("sft", 2, 0), ("ril", 0, 0), ("ril", 1, 7), ("ril", 2, 0)]
+        ("sft", 0, 0), ("ril", 0, 0), ("sft", 1, 7), ("ril", 1, 7), ("sft", 2, 0), ("ril", 2, 0)]  # seed by seed
     assert warm_starts.root(study, 0) == study.project and warm_starts.root(study, None) == study.project
     assert warm_starts.model_dir(study, 7) == study.out_dir / "warm_starts/seed-7/models/sft"
     assert warm_starts.stages("qa") == ("sft", "curate", "teachers", "rollouts", "disc_pretrain")
