@@ -277,7 +277,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
                     loss += float(extra.detach())
             if ppo:
                 metrics["value_loss"] = v_loss
-            metrics["grad_norm"] = updater.step()  # before the clip (ppo.max_grad_norm): the last epoch's
+            metrics["grad_norm"] = updater.step()  # the last epoch's norm, before its clip
             with updater.gathered():
                 for term in guidance:
                     term.after_epoch(policy, metrics)
