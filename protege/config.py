@@ -656,6 +656,15 @@ class GTRConfig(Section):
     # return: taken off that turn's return after the advantages are estimated (GTR-Turbo's code: it moves that
     # turn's advantage and value target, no earlier turn's) | reward: off the turn's reward before estimation
     kl_target: Literal["return", "reward"] = "return"
+    # what a turn whose output does not split into a thought and an action pays instead of its KL (times kl_coef):
+    # there is no thought to compare, and GTR-Turbo's code charges 100, ten times its clamp; null: the clamped
+    # KL over all the turn's tokens
+    kl_unparsed: float | None = Field(100.0, ge=0, le=1e6)
+    # GTR-Turbo's format reward while guidance is on (sft or kl; plain PPO has none, as RL4VLM's code): each turn's
+    # return gains format_reward when its output splits into a thought and an action, else format_penalty, after
+    # the advantages are estimated. The code's +3 / -2 against its +10 success; 0.3 / -0.2 against the grid's 1.0
+    format_reward: float = Field(0.3, ge=-1e6, le=1e6)
+    format_penalty: float = Field(-0.2, ge=-1e6, le=1e6)
 
 
 class GTPOConfig(Section):

@@ -124,3 +124,23 @@ def merged_kl_penalty(logp: torch.Tensor, logp_merged: torch.Tensor, thought: to
     sums = torch.zeros(episodes * turns, dtype=d.dtype, device=d.device).index_add_(0, cell, d[keep])
     counts = torch.zeros(episodes * turns, dtype=d.dtype, device=d.device).index_add_(0, cell, torch.ones_like(d[keep]))
     return (sums / counts.clamp(min=1)).view(episodes, turns)
+
+
+def unparsed_kl(penalty: torch.Tensor, well_formed: torch.Tensor, unparsed: float | None) -> torch.Tensor:
+    """GTR-Turbo's KL for a turn whose output does not split into a thought and an action: there is no thought
+    to compare with the teacher's, and the code charges a fixed `unparsed` (100, ten times its clamp) instead.
+
+    penalty: [E, T] merged_kl_penalty; well_formed: [E, T] bool -> [E, T]; `unparsed` None: the clamped KL
+    over all the turn's tokens stands (merged_kl_penalty read them all as thought)."""
+    if unparsed is None:
+        return penalty
+    return torch.where(well_formed, penalty, torch.full_like(penalty, unparsed))
+
+
+def format_bonus(well_formed: torch.Tensor, valid: torch.Tensor, ok: float, bad: float) -> torch.Tensor:
+    """GTR-Turbo's format reward, per (episode, turn): `ok` for a turn whose output splits into a thought and
+    an action, `bad` for one that does not (the code: +3 and -2), added to that turn's return.
+
+    well_formed, valid: [E, T] bool (valid: the episode's turns) -> [E, T] float, 0 past an episode's end."""
+    zero = torch.zeros((), dtype=torch.float32)
+    return torch.where(valid, torch.where(well_formed, torch.tensor(ok), torch.tensor(bad)), zero)

@@ -287,3 +287,43 @@ def test_ppo_takes_its_epochs_and_learns_values(tiny_student, tiny_processor, tm
 
     head = load_file(str(tmp_path / "state" / "value_head.safetensors"))
     assert any(t.abs().sum() > 0 for t in head.values())
+
+
+@pytest.mark.parametrize("guidance", ["kl", "sft"])
+def test_the_codes_format_rules_shift_each_turns_return(tiny_student, tiny_processor, guidance):
+    """GTR-Turbo's code: a turn whose output splits into a thought and an action gains the format reward on its
+    return; one that does not pays the format penalty and, under `kl`, kl_unparsed in place of its KL. With the
+    teacher equal to the policy the KL of a well-formed turn is 0, so the shifts are the hand-computed ones."""
+    import random
+
+    from protege.config import GTRConfig
+    from protege.rl.estimators.base import Returns
+    from protege.rl.guidance.base import Step
+    from protege.rl.guidance.merged_teacher import MergedTeacherGuidance
+    from protege.rollout.episodes import pack_episodes
+    from protege.rollout.trajectory import token_logprobs
+
+    turns = expert_episode(grid_params(tiny_cfg(), 64), train_seed(5))[:2]
+    formed = expert_as_episode(tiny_processor, turns)
+    broken = expert_as_episode(tiny_processor, [(turns[0][0], "no action here"), turns[1]])  # turn 0 unparsed
+    eps = [formed, broken]
+    batch = pack_episodes(tiny_processor, eps)
+    with torch.no_grad():
+        logp = token_logprobs(tiny_student, batch)
+    gtr = GTRConfig(guidance=guidance, kl_coef=0.1, kl_unparsed=100.0, format_reward=0.3, format_penalty=-0.2)
+    term = MergedTeacherGuidance(copy.deepcopy(tiny_student), tiny_student, gtr, tiny_processor, Sampling(),
+                                 random.Random(0), torch.device("cpu"))
+    metrics = {}
+    step = Step(tiny_student, eps, batch, logp, batch.loss_mask.float(), torch.device("cpu"), metrics, [batch])
+    valid = torch.ones(2, 2, dtype=torch.bool)
+    out = term.shape(step, Returns(torch.zeros(2, 2), valid, 2))
+    unparsed = -0.2 - (0.1 * 100.0 if guidance == "kl" else 0.0)
+    assert torch.allclose(out.after, torch.tensor([[0.3, 0.3], [unparsed, 0.3]]), atol=1e-5)
+    assert torch.equal(out.turn, torch.zeros(2, 2))  # the rewards themselves are left as they were
+    assert metrics["kl_penalty"] == pytest.approx(100.0 / 4, abs=1e-4)
+    assert metrics["format_bonus"] == pytest.approx((3 * 0.3 - 0.2) / 4)
+    none = MergedTeacherGuidance(copy.deepcopy(tiny_student), tiny_student, gtr.model_copy(update={"kl_unparsed": None}),
+                                 tiny_processor, Sampling(), random.Random(0), torch.device("cpu"))
+    kept = none.shape(Step(tiny_student, eps, batch, logp, batch.loss_mask.float(), torch.device("cpu"), {}, [batch]),
+                      Returns(torch.zeros(2, 2), valid, 2))
+    assert torch.allclose(kept.after, torch.tensor([[0.3, 0.3], [-0.2, 0.3]]), atol=1e-5)  # its own KL: 0

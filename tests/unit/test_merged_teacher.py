@@ -3,7 +3,7 @@ terms (KL penalty, thought cross-entropy) on hand-computed values."""
 import pytest
 import torch
 
-from protege.rl.losses import clipped_surrogate, merged_kl_penalty
+from protege.rl.losses import clipped_surrogate, format_bonus, merged_kl_penalty, unparsed_kl
 from protege.rollout.trajectory import thought_sft_loss
 from protege.rl.merged_teacher import MergedTeacher
 
@@ -159,3 +159,17 @@ def test_surrogate_takes_per_token_advantages():
     adv = torch.tensor([[1.0, -2.0, 0.5]])
     loss, _ = clipped_surrogate(logp, logp, adv, 0.2)
     assert torch.allclose(loss, -adv)
+
+
+def test_an_unparsed_turn_pays_the_codes_fixed_kl():
+    penalty = torch.tensor([[0.5, 10.0], [0.75, 0.0]])
+    formed = torch.tensor([[True, False], [True, False]])
+    assert torch.equal(unparsed_kl(penalty, formed, 100.0), torch.tensor([[0.5, 100.0], [0.75, 100.0]]))
+    assert torch.equal(unparsed_kl(penalty, formed, None), penalty)  # null: the KL over all its tokens stands
+
+
+def test_format_bonus_by_turn_and_nothing_past_the_episode():
+    formed = torch.tensor([[True, False, False], [False, True, True]])
+    valid = torch.tensor([[True, True, False], [True, True, True]])  # episode 0 has two turns
+    out = format_bonus(formed, valid, ok=3.0, bad=-2.0)
+    assert torch.equal(out, torch.tensor([[3.0, -2.0, 0.0], [-2.0, 3.0, 3.0]]))

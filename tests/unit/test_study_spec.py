@@ -255,6 +255,32 @@ def test_the_ezpoints_code_study_samples_and_scores_as_the_official_code(project
     assert study.claims[0].requires == ("plain_success_falls", "teacher_leads")
 
 
+def test_the_ezpoints_format_study_adds_the_codes_format_rules_and_a_format_only_control(project):
+    """studies/gtr_turbo_ezpoints_format.yaml: the guided arms carry the code's format rules in the game's units
+    (+3 / -2, an unparsed turn's KL 100), plain PPO none; the control keeps the format reward without the KL;
+    the two earlier EZPoints studies pin the rules off, as they were measured."""
+    import yaml
+
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["agent"]["env"] = "points24"
+    params["agent"]["points24"] = {**(params["agent"].get("points24") or {}), "cards": 2}
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    shutil.copy(REPO / "studies/gtr_turbo_ezpoints_format.yaml", project / "fmt.yaml")
+    study = load_study(project / "fmt.yaml", project)
+    assert study.seeds == list(range(3, 13)) and study.warm_start_seeds == [0, 1]
+    gtr = {arm: study.find_run(arm, 3).config.agent.rl.gtr for arm in ("plain", "gtr_kl", "format_only")}
+    assert gtr["plain"].guidance == "none"
+    assert (gtr["gtr_kl"].guidance, gtr["gtr_kl"].kl_coef, gtr["gtr_kl"].kl_unparsed) == ("kl", 1.0, 100.0)
+    assert (gtr["format_only"].guidance, gtr["format_only"].kl_coef) == ("kl", 0.0)
+    assert all((g.format_reward, g.format_penalty) == (3.0, -2.0) for g in gtr.values())
+    assert [(c.better, c.than) for c in study.claims] == [("gtr_kl", "plain"), ("gtr_kl", "format_only"),
+                                                          ("gtr_kl", "plain")]
+    for name in ("gtr_turbo_ezpoints", "gtr_turbo_ezpoints_code"):
+        shutil.copy(REPO / f"studies/{name}.yaml", project / f"{name}.yaml")
+        g = load_study(project / f"{name}.yaml", project).find_run("gtr_kl", 3).config.agent.rl.gtr
+        assert (g.kl_unparsed, g.format_reward, g.format_penalty) == (None, 0.0, 0.0)
+
+
 def test_the_headline_claims_require_their_preconditions(project):
     """GTR-Turbo's claims wait for plain RL's collapse and a leading teacher (the curve every 10 steps);
     RIL's for a discriminator that separates and a similarity reward that starts in range."""

@@ -2,7 +2,11 @@
 either costs each turn its clamped KL to the teacher over the turn's thought tokens, on that turn's reward
 (`kl`, as GTR-Turbo's code: the action's tokens are left out), or writes thoughts for
 observations of this step that the policy learns by cross-entropy (`sft`). Either way the updated weights join
-the merge after every step, and the last teacher is saved beside the checkpoints."""
+the merge after every step, and the last teacher is saved beside the checkpoints.
+
+Two rules of the code hold for a turn whose output does not split into a thought and an action: under `kl` it
+pays `kl_unparsed` (100 there) instead of a KL it does not have, and under either mode every turn's return gains
+the format reward (+3 well formed, -2 not, there), added after the advantages are estimated."""
 from __future__ import annotations
 
 import random
@@ -18,12 +22,13 @@ from protege.models.student import save_student
 from protege.rollout.episodes import Episode, pack, prompt_batch
 from protege.rl.estimators.base import Returns
 from protege.rl.guidance.base import Guidance, Step
-from protege.rl.losses import merged_kl_penalty
+from protege.rl.losses import format_bonus, merged_kl_penalty, unparsed_kl
 from protege.rl.merged_teacher import MergedTeacher, trainable_weights
 from protege.rollout.trajectory import Trajectory, thought_sft_loss, token_logprobs
 from protege.runtime.micro import micro_batches
 from protege.runtime.placement import CPU, visiting
 from protege.world.envs import action_start as grid_action_start
+from protege.world.envs import no_action
 
 TEACHER_DIR = "merged-teacher"
 ActionStart = Callable[[str], int | None]  # where an output's action begins (the game's; None: all thought)
@@ -91,6 +96,20 @@ def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k:
     return ThoughtBatch(pack(processor, rows).to(device), len(contexts), parsed)
 
 
+def well_formed(eps: list[Episode], episodes: int, turns: int, action_start: ActionStart) -> torch.Tensor:
+    """[episodes, turns] bool: the turn's output splits into a thought and an action (GTR-Turbo's code calls it
+    valid). A game without an action part (the tool game) has no split to check: there, an output is well
+    formed unless the game counted a format error."""
+    out = torch.zeros(episodes, turns, dtype=torch.bool)
+    for i, e in enumerate(eps):
+        for j, text in enumerate(e.texts[:turns]):
+            if action_start is no_action:
+                out[i, j] = bool(e.infos[j].get("legal", True)) if j < len(e.infos) else True
+            else:
+                out[i, j] = action_start(text) is not None
+    return out
+
+
 class MergedTeacherGuidance(Guidance):
     """`teacher` is a plain copy of the starting policy (merged_teacher.teacher_copy), made before the policy
     moves to its device; `policy` is the policy after its trainable parameters were chosen; `action_start` is
@@ -116,17 +135,24 @@ class MergedTeacherGuidance(Guidance):
         # on the CPU: [N, L] per-token figures, whatever the device
         logp, mask, batch = step.logp.detach().cpu(), step.mask.cpu(), step.batch.to(torch.device("cpu"))
         E, T = returns.turn.shape
+        formed = well_formed(step.episodes, E, T, self.action_start)  # [E, T]
         penalty = merged_kl_penalty(logp, logp_m, thought_mask(batch, self.processor, self.action_start), batch.turn, batch.owner,
-                                    E, T, self.gtr.kl_clamp).cpu() * returns.valid  # [E, T]
+                                    E, T, self.gtr.kl_clamp).cpu()
+        penalty = unparsed_kl(penalty, formed, self.gtr.kl_unparsed) * returns.valid  # [E, T]
+        turns = returns.valid.sum().clamp(min=1)
         step.metrics["kl_merged"] = float(((logp - logp_m) * mask).sum() / mask.sum().clamp(min=1))
-        step.metrics["kl_penalty"] = float(penalty.sum() / returns.valid.sum().clamp(min=1))  # per turn
-        if self.gtr.guidance != "kl":
-            return returns
-        cost = self.gtr.kl_coef * penalty  # [E, T]
-        if self.gtr.kl_target == "return":  # after estimation: this turn's advantage and value target only
-            return replace(returns, after=(-cost if returns.after is None else returns.after - cost))
-        return replace(returns, turn=returns.turn - cost,
-                       total=None if returns.total is None else returns.total - cost.sum(1))
+        step.metrics["kl_penalty"] = float(penalty.sum() / turns)  # per turn
+        # as GTR-Turbo's code, both guidance modes pay the format reward on the return, after estimation
+        after = format_bonus(formed, returns.valid, self.gtr.format_reward, self.gtr.format_penalty)  # [E, T]
+        step.metrics["format_bonus"] = float(after.sum() / turns)
+        if self.gtr.guidance == "kl":
+            cost = self.gtr.kl_coef * penalty  # [E, T]
+            if self.gtr.kl_target == "return":  # after estimation: this turn's advantage and value target only
+                after = after - cost
+            else:
+                returns = replace(returns, turn=returns.turn - cost,
+                                  total=None if returns.total is None else returns.total - cost.sum(1))
+        return replace(returns, after=after if returns.after is None else returns.after + after)
 
     def loss(self, step: Step) -> Iterator[torch.Tensor]:
         if self.gtr.guidance != "sft":
