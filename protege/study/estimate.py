@@ -3,7 +3,8 @@
 A run's cost is taken as proportional to its RL work, steps x rollouts per step (questions x samples, or
 layouts x plays). The rate (seconds per unit of work) comes, in order of preference, from the finished runs
 of the same study part, from finished runs of the same task anywhere in the file, or from the project's own
-RL stage (reports/stages/<stage>.json records its seconds, params.yaml its work). An evaluation-only run
+RL stage (reports/stages/<stage>.json records its seconds, dvc.lock the params it ran with, from which its work;
+a record of another game or output length is not used). An evaluation-only run
 (`train: false`) costs what finished evaluation-only runs cost, or a twentieth of a trained run's estimate.
 With `jobs` runs at once the wall time is the sum over the jobs' shares, longest runs first.
 
@@ -18,6 +19,8 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from protege.config import Config
 from protege.paths import STAGE_METRICS
@@ -44,13 +47,49 @@ class Finished:
     work: float
 
 
+def cost_shape(cfg: Config, task: str) -> object:
+    """What makes one rollout of a task cost what it does beyond the work count: the game (its section), how
+    much of the conversation each turn sees, and how long an output may be."""
+    if task == "qa":
+        return cfg.rl.max_new_tokens
+    section = getattr(cfg, task)
+    game = section.task.model_dump() if task == "tool" else {"env": section.env, section.env:
+                                                               getattr(section, section.env).model_dump()}
+    return game, getattr(section, "context", None), section.rl.max_new_tokens
+
+
+def ran_with(project: Path, stage: str, params: Config) -> Config | None:
+    """The params the project's `stage` last ran with under dvc: params.yaml's, overlaid with what dvc.lock
+    recorded for the stage. None when dvc.lock has no record of it or the record no longer reads as a config."""
+    try:
+        from protege.dvc_lockfile import parse_dvc_file, read_dvc_lock
+
+        recorded = parse_dvc_file(read_dvc_lock(project) or "")["stages"][stage]["params"]["params.yaml"]
+        tree = params.model_dump()
+        for key, value in recorded.items():
+            *path, last = str(key).split(".")
+            node = tree
+            for part in path:
+                node = node[part]
+            node[last] = value
+        return Config.model_validate(tree)
+    # no usable record (pydantic's validation errors are ValueErrors): the caller uses params.yaml as it is
+    except (OSError, KeyError, TypeError, AttributeError, ValueError, yaml.YAMLError):
+        return None
+
+
 def stage_rate(project: Path, task: str, params: Config) -> float | None:
-    """Seconds per unit of work of the project's own RL stage for this task, or None when it left no record."""
+    """Seconds per unit of work of the project's own RL stage for this task, or None when it left no record or
+    its record is of another game or output length (dvc.lock says what it ran with): a grid game's seconds say
+    nothing about a card game's. The work is counted with the params the stage ran with."""
     try:
         seconds = float(json.loads((project / STAGE_METRICS / f"{RL_STAGE[task]}.json").read_text())["seconds"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    units = work(params, task)
+    ran = ran_with(project, RL_STAGE[task], params)
+    if ran is not None and cost_shape(ran, task) != cost_shape(params, task):
+        return None
+    units = work(ran or params, task)
     return seconds / units if units > 0 and seconds > 0 else None
 
 

@@ -80,3 +80,24 @@ def test_describe_counts_the_warm_starts_before_the_runs():
     assert "for the 0 warm start(s) with an estimate" in describe([60.0], 1, 0, warm=[None])
     assert "expected about 2 min" in describe([], 1, 3, warm=[120.0])
     assert describe([], 1, 3) == "0 run(s) to do, 3 finished earlier, 1 at a time"
+
+
+def test_stage_rate_counts_the_work_the_stage_ran_and_refuses_another_games_record(tmp_path):
+    """dvc.lock says what the project's RL stage ran with: its work is counted from those params, and a record
+    of another game (or output length) than params.yaml's now is no prior at all."""
+    cfg = Config.model_validate({"agent": {"env": "points24", "rl": {"steps": 5, "seeds_per_step": 2, "group_size": 2}}})
+    (tmp_path / STAGE_METRICS).mkdir(parents=True)
+    (tmp_path / STAGE_METRICS / "agent_rl.json").write_text(json.dumps({"seconds": 40.0}))
+    recorded = cfg.model_dump()["agent"]
+    lock = lambda agent: {"schema": "2.0", "stages": {"agent_rl": {"cmd": "x", "params": {"params.yaml": {
+        "agent": agent, "seed": 0}}}}}
+    (tmp_path / "dvc.lock").write_text(json.dumps(lock({**recorded, "rl": {**recorded["rl"], "steps": 10}})))
+    assert stage_rate(tmp_path, "agent", cfg) == 1.0  # 40 s over the 10 x 2 x 2 rollouts it ran, not 5 x 2 x 2
+    (tmp_path / "dvc.lock").write_text(json.dumps(lock({**recorded, "env": "grid"})))
+    assert stage_rate(tmp_path, "agent", cfg) is None  # a grid run's seconds for a card game
+    (tmp_path / "dvc.lock").write_text(json.dumps(lock({**recorded, "rl": {**recorded["rl"], "max_new_tokens": 32}})))
+    assert stage_rate(tmp_path, "agent", cfg) is None
+    (tmp_path / "dvc.lock").write_text(json.dumps(lock({**recorded, "no_such_key": 1})))  # unreadable: params.yaml's
+    assert stage_rate(tmp_path, "agent", cfg) == 2.0
+    (tmp_path / "dvc.lock").write_text("stages: [not a mapping")
+    assert stage_rate(tmp_path, "agent", cfg) == 2.0
