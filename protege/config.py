@@ -527,7 +527,8 @@ class RLConfig(SamplingConfig):
     similarity: str = Field("binary", pattern=r"^(binary|continuous|levels:[0-9]+)$")
     discriminator: Literal["updated", "fixed"] = "updated"
     disc_updates: int = Field(1, ge=0, le=1000)            # mu_d: discriminator updates per step
-    disc_lr: float = Field(1e-4, gt=0, le=10)
+    # null: the policy's rl.lr, as RIL trains the student and the discriminator at one static rate (its App. C)
+    disc_lr: float | None = Field(None, gt=0, le=10)
     # lora: fresh adapters (model.lora) on the loaded discriminator; auto: lora with model.path set, else all
     disc_trainable: Literal["auto", "all", "lora"] = "auto"
     teachers: str = Field("both", min_length=1)   # "both" (every teacher) or one teacher's name

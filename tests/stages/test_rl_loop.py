@@ -72,6 +72,16 @@ def test_ril_step_trains_policy_and_discriminator(tiny_student, tiny_processor, 
     assert m["answer_reward_teacher"] == 1.0  # the scripted answers here state the reference
 
 
+@pytest.mark.parametrize("disc_lr, expected", [(None, 1e-3), (2e-5, 2e-5)])
+def test_the_discriminator_trains_at_the_policys_rate_unless_told(tiny_student, tiny_processor, disc_lr, expected):
+    # RIL trains the student and the discriminator at one static rate; BASE's policy rate is 1e-3
+    from protege.rl.guidance.discriminator import DiscriminatorSimilarity
+
+    cfg = RLConfig(**BASE, algorithm="ril", disc_lr=disc_lr)
+    guidance = DiscriminatorSimilarity(disc_from(tiny_student), cfg, tiny_processor, torch.device("cpu"))
+    assert [g["lr"] for g in guidance.updater.optimizer.param_groups] == [expected]
+
+
 def test_an_estimator_is_chosen_by_name(tiny_student, tiny_processor, rows, tmp_path):
     # RIL's group of 2G = 4 answers: RLOO's advantage is G'/(G'-1) = 4/3 times Dr.GRPO's on the same first step
     stds = {}

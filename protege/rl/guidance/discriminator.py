@@ -42,8 +42,9 @@ class DiscriminatorSimilarity(Guidance):
         self.disc, self.cfg, self.processor, self.device = disc, cfg, processor, device
         self.offload = cfg.offload_idle and cfg.backend == "torch"
         disc.to(CPU if self.offload else device)
-        self.updater = (make_updater(cfg.backend, disc, disc.trainable_parameters(), cfg.disc_lr, cfg.zero_stage,
-                                     device) if cfg.discriminator == "updated" else None)
+        lr = cfg.lr if cfg.disc_lr is None else cfg.disc_lr
+        self.updater = (make_updater(cfg.backend, disc, disc.trainable_parameters(), lr, cfg.zero_stage, device)
+                        if cfg.discriminator == "updated" else None)
         self.host = self.updater if self.updater is not None else disc  # what moves when it visits
         self.parts = {"discriminator": Weights(self.host)}
         if self.updater is not None:  # absent when the discriminator is fixed
