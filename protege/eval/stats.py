@@ -25,6 +25,17 @@ def _macro(scores: np.ndarray, codes: np.ndarray, n_codes: int) -> np.ndarray:
     return means.sum(axis=1) / present.sum(axis=1)
 
 
+def auroc(scores, labels) -> float:
+    """Probability that a random positive (label 1) outscores a random negative (label 0), ties counting half;
+    NaN when either class is absent. Rank-based, so it reads a separation that a fixed threshold misses."""
+    s, y = np.asarray(scores, dtype=float).ravel(), np.asarray(labels, dtype=float).ravel()
+    pos, neg = s[y == 1], s[y == 0]
+    if not len(pos) or not len(neg):
+        return float("nan")
+    diff = pos[:, None] - neg[None, :]  # [P, N]
+    return float(((diff > 0).sum() + 0.5 * (diff == 0).sum()) / diff.size)
+
+
 def score_of(units: list[Unit], aggregate: str = "micro") -> float:
     """100 x mean over units ("micro") or over categories of category means ("macro")."""
     if not units:

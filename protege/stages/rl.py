@@ -181,7 +181,7 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     history = steps.rows
     if history:  # the first and last quarter of the run's steps
         k = max(1, len(history) // 4)
-        for key in ("reward", "answer_reward_student", "similarity_reward_student", "disc_accuracy"):
+        for key in ("reward", "answer_reward_student", "similarity_reward_student", "disc_accuracy", "disc_auroc"):
             if all(key in h for h in history):
                 summary[f"{key}_first_quarter"] = sum(h[key] for h in history[:k]) / k
                 summary[f"{key}_last_quarter"] = sum(h[key] for h in history[-k:]) / k

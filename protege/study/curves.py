@@ -14,13 +14,14 @@ FIGURES = {
     "teacher": ("Held-out success, greedy: policy (solid) vs merged teacher (dashed), mean over seeds",
                 [["eval_success", "teacher_eval_success"]]),
     "signal": ("RIL's reward signal in training (mean over seeds)",
-               [["similarity_reward_student"], ["disc_accuracy"]]),
+               [["similarity_reward_student"], ["disc_accuracy"], ["disc_auroc"]]),
 }
 PANEL_LABELS = {"thought_entropy": "thought entropy (nats/token)",
                 "distinct_thoughts_per_state": "distinct thoughts per state",
                 "thought_self_bleu": "self-BLEU within an episode", "thought_tokens": "thought length (tokens)",
                 "eval_success": "held-out success", "similarity_reward_student": "similarity reward (student)",
-                "disc_accuracy": "discriminator accuracy"}
+                "disc_accuracy": "discriminator accuracy",
+                "disc_auroc": "discriminator AUROC (the step's answers)"}
 METRICS = tuple(dict.fromkeys(m for _, panels in FIGURES.values() for panel in panels for m in panel))
 
 

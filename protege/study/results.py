@@ -122,9 +122,16 @@ def _reading(report: dict, c: dict) -> str:
         for v in (better, than):
             train = report["variants"].get(v, {}).get("train_rl", {})
             first, last = train.get("disc_accuracy_first_quarter"), train.get("disc_accuracy_last_quarter")
+            ranked = train.get("disc_auroc_last_quarter")
             if first is not None and last is not None and max(abs(first - 0.5), abs(last - 0.5)) < 0.1:
-                out.append(f"`{v}`'s discriminator stayed at chance (accuracy {first:.2f} -> {last:.2f}), so its "
-                           "similarity reward carried no signal")
+                if ranked is not None and ranked >= 0.6:  # its scores still order the answers, off the threshold
+                    out.append(f"`{v}`'s discriminator was near chance at its threshold (accuracy {first:.2f} -> "
+                               f"{last:.2f}) yet still ranked student above teacher answers (AUROC {ranked:.2f} in "
+                               "the last quarter), a signal the binary similarity cannot read")
+                else:
+                    shown = "" if ranked is None else f", AUROC {ranked:.2f} in the last quarter"
+                    out.append(f"`{v}`'s discriminator stayed near chance (accuracy {first:.2f} -> {last:.2f}"
+                               f"{shown}), so its similarity reward carried no signal")
         for v in (better, than):
             if report["variants"].get(v, {}).get("train") and fixed and None not in (levels.get(v), levels[fixed[0]]):
                 out.append(f"RL moved `{v}` {levels[v] - levels[fixed[0]]:+.1f} points from `{fixed[0]}`")

@@ -115,7 +115,7 @@ GAME_CURVE_METRICS = ("success_rate", "format_error_rate", "turns_per_episode", 
                       "thought_tokens", "eval_success", "teacher_eval_success", "accuracy", "runtime_error_rate",
                       "tool_calls_per_episode", "shaping_reward_mean")
 CURVE_METRICS = {"qa": ("reward", "answer_reward_student", "answer_reward_teacher", "similarity_reward_student",
-                        "similarity_reward_teacher", "disc_accuracy", "disc_score_student", "disc_score_teacher",
+                        "similarity_reward_teacher", "disc_accuracy", "disc_auroc", "disc_score_student", "disc_score_teacher",
                         "entropy", "kl", "response_length"),
                  "agent": GAME_CURVE_METRICS, "tool": GAME_CURVE_METRICS}
 UPSTREAM_METRICS = {"qa": ("disc_pretrain.heldout_auroc", "disc_pretrain.heldout_accuracy"), "agent": (), "tool": ()}

@@ -18,6 +18,7 @@ from PIL import Image
 
 from protege.config import DiscPretrainConfig, result_params
 from protege.errors import UserFacingError
+from protege.eval.stats import auroc
 from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
 from protege.runtime.distributed import all_reduce_sum, barrier, world
@@ -36,16 +37,6 @@ class Example:
     image: Image.Image
     answer: str
     label: float  # 1 = student, 0 = teacher
-
-
-def auroc(scores: list[float], labels: list[float]) -> float:
-    """Probability that a random positive outscores a random negative (ties count half)."""
-    pos = [s for s, y in zip(scores, labels) if y == 1]
-    neg = [s for s, y in zip(scores, labels) if y == 0]
-    if not pos or not neg:
-        return float("nan")
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
 
 
 def _batch(processor: StudentProcessor, examples: list[Example]) -> dict[str, torch.Tensor]:

@@ -67,8 +67,9 @@ def test_ril_step_trains_policy_and_discriminator(tiny_student, tiny_processor, 
     assert not torch.equal(disc.head.weight, head)
     m = logs[-1]
     for key in ("similarity_reward_student", "similarity_reward_teacher", "answer_reward_teacher",
-                "disc_accuracy", "disc_score_student", "disc_score_teacher"):
+                "disc_accuracy", "disc_auroc", "disc_score_student", "disc_score_teacher"):
         assert key in m
+    assert 0.0 <= m["disc_auroc"] <= 1.0
     assert m["answer_reward_teacher"] == 1.0  # the scripted answers here state the reference
 
 

@@ -6,7 +6,7 @@ import pytest
 from protege.errors import UserFacingError
 from protege.eval.compare import compare
 from protege.bench.items import Unit
-from protege.eval.stats import average_ci, bootstrap_ci, paired_bootstrap, score_of
+from protege.eval.stats import auroc, average_ci, bootstrap_ci, paired_bootstrap, score_of
 
 
 def units(scores, cats=None):
@@ -80,3 +80,12 @@ def test_chance_of_guessing_a_listed_option():
     assert chance_score(items, "micro") == pytest.approx((25 + 50 + 0) / 3)
     copies = [BenchItem("mmbench", str(k * 1_000_000), "q", [], "A", options=four, group="0") for k in range(4)]
     assert chance_score(copies, "micro") == pytest.approx(100 * 0.25 ** 4)  # every copy right: 0.39
+
+
+def test_auroc_by_hand():
+    # positives 0.9, 0.4 against negatives 0.4, 0.1: 0.9 wins twice, 0.4 ties 0.4 (half) and beats 0.1 -> 3.5 / 4
+    assert auroc([0.9, 0.4, 0.4, 0.1], [1, 1, 0, 0]) == pytest.approx(0.875)
+    # scores crowded at 0.5 still separate by rank, where a 0.5 threshold calls every answer one class
+    assert auroc([0.5004, 0.5003, 0.4998, 0.4997], [1, 1, 0, 0]) == pytest.approx(1.0)
+    assert auroc([0.2, 0.8], [1, 0]) == pytest.approx(0.0)
+    assert math.isnan(auroc([0.3, 0.6], [1, 1]))

@@ -1,5 +1,6 @@
 """The claims table of a file with parts: one row per claim, and for a claim that did not reproduce the
 sentence of what was measured (levels, the start, a discriminator at chance, entropy that rose)."""
+import copy
 from pathlib import Path
 
 from protege.study.results import suite_markdown
@@ -49,8 +50,21 @@ def test_one_row_per_claim_and_a_measured_sentence_for_each_that_did_not_reprodu
     assert "**reproduced**" in rows[1] and "| -0.037 |" not in rows[2] and "kl - plain: -0.037" in rows[2]
     assert "(no report yet: run the study)" in rows[3]
     assert ("RIL > SFT: inconclusive. Measured: world test accuracy (%): `ril` 64.3, `sft` 63.7; `ril`'s "
-            "discriminator stayed at chance (accuracy 0.50 -> 0.50), so its similarity reward carried no signal; "
+            "discriminator stayed near chance (accuracy 0.50 -> 0.50), so its similarity reward carried no signal; "
             "RL moved `ril` +0.6 points from `sft`.") in md
     assert "kl keeps entropy: inconclusive. Measured: from a warm start at 0.068, `kl` ends at 0.139 and `plain` " \
            "at 0.176" in md and "`plain`'s entropy rose (0.068 -> 0.176) instead of collapsing" in md
     assert "kl > plain: reproduced" not in md  # a reproduced claim needs no explanation
+
+
+def test_a_discriminator_near_chance_at_its_threshold_that_still_ranks_is_said_so():
+    ranked = copy.deepcopy(QA)
+    ranked["variants"]["ril"]["train_rl"].update({"disc_auroc_first_quarter": 0.71, "disc_auroc_last_quarter": 0.66})
+    suite = Suite(Path("/p/h.yaml"), Path("/p"), "h", "", [study("ril", "qa")], Path("reports/results.md"))
+    md = suite_markdown(suite, {"ril": ranked})
+    assert ("`ril`'s discriminator was near chance at its threshold (accuracy 0.50 -> 0.50) yet still ranked "
+            "student above teacher answers (AUROC 0.66 in the last quarter)") in md
+    assert "carried no signal" not in md
+    ranked["variants"]["ril"]["train_rl"]["disc_auroc_last_quarter"] = 0.52  # no ranking left either
+    md = suite_markdown(suite, {"ril": ranked})
+    assert "stayed near chance (accuracy 0.50 -> 0.50, AUROC 0.52 in the last quarter), so its similarity" in md

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from protege.data.rows import Row
+from protege.eval.stats import auroc
 from protege.models.processor import StudentProcessor
 from protege.rewards.similarity import similarity_reward
 from protege.rl.estimators.base import Returns
@@ -77,7 +78,10 @@ class DiscriminatorSimilarity(Guidance):
         m = step.metrics
         m.update({"disc_accuracy": float(((scores >= 0.5).float() == labels).float().mean()),
                   "disc_score_student": float(scores[labels == 1].mean()),
-                  "disc_score_teacher": float(scores[labels == 0].mean())})
+                  "disc_score_teacher": float(scores[labels == 0].mean()),
+                 # by rank: D may still order student above teacher answers when both crowd at 0.5, where
+                 # the binary similarity's threshold reads nothing
+                 "disc_auroc": auroc(scores.numpy(), labels.numpy())})
         m["similarity_reward_student"] = sim[~step.is_teacher].mean().item()
         if step.is_teacher.any():
             m["similarity_reward_teacher"] = sim[step.is_teacher].mean().item()
