@@ -65,7 +65,7 @@ def launch(argv: list[str], processes: int, on_cuda: bool, threads: int = 0) -> 
     for rank in range(processes):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(processes),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS=per_rank_threads,
-                   DS_ACCELERATOR="cuda" if on_cuda else "cpu")
+                   DS_ACCELERATOR="cuda" if on_cuda else "cpu", PROTEGE_EXIT_WITH_PARENT="1")
         out = None if rank == 0 else open(logs / f"rank{rank}.log", "w")
         procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))
     failed = None
@@ -97,5 +97,9 @@ def launch(argv: list[str], processes: int, on_cuda: bool, threads: int = 0) -> 
 def init_group(on_cuda: bool) -> None:
     """Joins the launched group before the stage runs, so that rank 0 can prepare folders while the others
     wait at a barrier (the training runtime then finds the group made)."""
+    if os.environ.get("PROTEGE_EXIT_WITH_PARENT") == "1":  # our launcher's rank: it ends when the launcher is gone
+        from protege.runtime.parent_watch import exit_with_parent
+
+        exit_with_parent()
     if launched() and int(os.environ["WORLD_SIZE"]) > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if on_cuda else "gloo")

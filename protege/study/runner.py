@@ -722,6 +722,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
+    from protege.runtime.parent_watch import exit_with_parent
+
+    exit_with_parent()  # a study killed mid-run must not leave this run writing its folder
     torch.set_num_threads(args.threads)
     study = load_study(args.study, args.project, args.part)
     run = study.find_run(args.variant, args.seed)
