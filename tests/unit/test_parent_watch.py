@@ -15,6 +15,12 @@ PARENT = ("import subprocess, sys, os, time\n"
 
 def _alive(pid: int) -> bool:
     status = Path(f"/proc/{pid}/status")
+    if not Path("/proc/self").exists():  # no procfs (macOS): signal 0 only asks whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
     try:
         state = next(ln for ln in status.read_text().splitlines() if ln.startswith("State:"))
     except (OSError, StopIteration):
