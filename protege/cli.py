@@ -102,7 +102,8 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
         from protege.plan import check_stage_fits
         from protege.runtime.launch import init_group
 
-        init_group(_on_cuda(cfg, name))  # a launched rank joins its group before rank 0 prepares folders
+        # a launched rank binds its GPU and joins its group before rank 0 prepares folders
+        init_group(_on_cuda(cfg, name), _collective_timeout(cfg, name))
 
         from protege.runtime.distributed import world
 
@@ -135,6 +136,11 @@ def _on_cuda(cfg, name: str) -> bool:
 
     _, section = _section(cfg, name)
     return section is not None and section.device != "cpu" and torch.cuda.is_available()
+
+
+def _collective_timeout(cfg, name: str) -> float:
+    _, section = _section(cfg, name)
+    return float(section.collective_timeout_s) if section is not None else 1800.0
 
 
 def _launch_ranks(cfg, name: str, params: Path) -> int | None:

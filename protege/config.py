@@ -189,6 +189,13 @@ def _processes_field():
     return Field("auto", **affects(NOTHING))
 
 
+def _collective_timeout_field():
+    """Seconds a rank waits in a collective (a barrier, a gradient all-reduce) for the others before the stage
+    fails: a rank that died or hangs stops the stage instead of holding every GPU. Long enough for rank 0 to
+    save a 7B checkpoint or start its vLLM engine while the others wait."""
+    return Field(1800, ge=10, le=86_400, **affects(NOTHING))
+
+
 Processes = Literal["auto"] | Annotated[int, Field(ge=1, le=4096)]
 
 
@@ -448,6 +455,7 @@ class SFTConfig(Section):
     zero_stage: Literal[2, 3] = 2
     micro_batch_tokens: int | None = _micro_batch_field()
     processes: Processes = _processes_field()
+    collective_timeout_s: int = _collective_timeout_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"    # auto: cuda when available
     # steps between training states (exact resume after a kill)
     save_every: int = Field(100, ge=1, le=10_000_000, **affects(OUTPUTS))
@@ -493,6 +501,7 @@ class DiscPretrainConfig(Section):
     zero_stage: Literal[2, 3] = 2
     micro_batch_tokens: int | None = _micro_batch_field()
     processes: Processes = _processes_field()
+    collective_timeout_s: int = _collective_timeout_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"
     save_every: int = Field(50, ge=1, le=10_000_000, **affects(OUTPUTS))
     # lora: adapters on the backbone (model.lora) + the head; the saved discriminator holds merged weights;
@@ -545,6 +554,7 @@ class RLConfig(SamplingConfig):
     zero_stage: Literal[2, 3] = 2
     micro_batch_tokens: int | None = _micro_batch_field()  # policy, reference and discriminator forwards
     processes: Processes = _processes_field()
+    collective_timeout_s: int = _collective_timeout_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     offload_idle: bool = Field(True, **affects(NOTHING))  # reference model / discriminator on the device only while used
     # learning curve: greedy accuracy on the world's val split at step 0, every eval_every steps and at the end
@@ -724,6 +734,7 @@ class AgentRLConfig(SamplingConfig):
     zero_stage: Literal[2, 3] = 2
     micro_batch_tokens: int | None = _micro_batch_field()
     processes: Processes = _processes_field()
+    collective_timeout_s: int = _collective_timeout_field()
     gtr: GTRConfig = GTRConfig()
     gtpo: GTPOConfig = GTPOConfig()
     ppo: PPOConfig = PPOConfig()

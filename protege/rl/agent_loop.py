@@ -47,7 +47,7 @@ from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
 from protege.rollout.trajectory import score, token_logprobs
 from protege.errors import UserFacingError
-from protege.runtime.distributed import all_reduce_sum, barrier, check_ranks_agree, mean_over_ranks, world
+from protege.runtime.distributed import barrier, check_ranks_agree, mean_over_ranks, rows_per_rank, world
 from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.placement import CPU, resolve_device
 from protege.runtime.run import Run, due
@@ -186,7 +186,7 @@ def run_agent_rl(policy, processor: StudentProcessor, cfg: Game, image_size: int
         n_tok = float(mask.sum())
         # the loss's rows are the whole step's across ranks: DeepSpeed averages the ranks' gradients, so each
         # rank's share divides its own sum by (all rows / ranks) and the average is the global batch's mean
-        n_rows = float(all_reduce_sum(torch.tensor(float(batch.n)))) / world_size
+        n_rows = rows_per_rank(batch.n)
         env_returns = torch.tensor([e.total_reward for e in eps])  # [E] each episode's return from the environment
         r_turn, valid = turn_rewards(eps)  # [E, Tmax] each
         E, T = r_turn.shape

@@ -28,10 +28,10 @@ from protege.rl.estimators import Returns, estimator
 from protege.rollout.group import build_group
 from protege.rl.guidance.base import Guidance, QuestionStep
 from protege.rl.guidance.discriminator import DiscriminatorSimilarity
-from protege.rl.losses import policy_loss, rollout_is_weights
+from protege.rl.policy_update import backward_policy_loss
 from protege.rollout.reference import reference
 from protege.rl.trainable import select_trainable
-from protege.rollout.trajectory import from_completions, score, token_logprobs
+from protege.rollout.trajectory import from_completions, token_logprobs
 from protege.runtime.distributed import barrier, check_ranks_agree, world
 from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.placement import CPU, resolve_device, to_device
@@ -247,35 +247,13 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         if cfg.kl_beta > 0:  # with no KL term the reference forward would be wasted
             with torch.no_grad(), reference(policy, ref, device, offload_ref) as ref_model:
                 logp_ref = [token_logprobs(ref_model, part) for part in parts]
-        n_rows, n_tok = traj.n, float(mask.sum())
-        loss, stats, entropy_sum, first = 0.0, {"kl": 0.0, "clip_fraction": 0.0}, 0.0, 0
-        is_sum = is_capped = lp_gap = 0.0
+        n_tok = float(mask.sum())
         t_update = time.perf_counter()
-        for part, ref_lp in zip(parts, logp_ref):
-            rows_ = slice(first, first + part.n)
-            first += part.n
-            scored = score(policy, part, with_entropy=True)
-            m = part.loss_mask.float()
-            weights = None
-            if rollout_logp is not None:
-                lp_r, on = rollout_logp[rows_].to(device), sampled[rows_].to(device)
-                weights = rollout_is_weights(scored.logp, lp_r, on, cfg.tis_cap)
-                is_sum += float((weights * on).sum())
-                is_capped += float(((weights >= cfg.tis_cap) * on).sum())
-                lp_gap += float(((scored.logp.detach() - lp_r) * on).sum())
-            share, part_stats = policy_loss(scored.logp, scored.logp.detach(),
-                                            scored.logp.detach() if ref_lp is None else ref_lp, adv[rows_].to(device),
-                                            m, clip_eps=cfg.clip_eps, kl_beta=cfg.kl_beta,
-                                            aggregation="grpo" if cfg.algorithm == "grpo" else "dr_grpo",
-                                            max_len=L_max, rows=n_rows, tokens=n_tok, is_weights=weights)
-            if not torch.isfinite(share):
-                raise FloatingPointError(f"RL loss is {share.item()} at step {step}; last good checkpoint: "
-                                         f"{saved[-1] if saved else 'none (the SFT model)'}")
-            updater.backward(share)
-            loss += float(share.detach())
-            entropy_sum += float((scored.entropy.detach() * m).sum())
-            for k in stats:
-                stats[k] += float(part_stats[k])
+        totals = backward_policy_loss(policy, updater, traj, parts, logp_ref, adv, cfg, L_max, device,
+                                      rollout_logp=rollout_logp, sampled=sampled,
+                                      where=f" at step {step}; last good checkpoint: "
+                                            f"{saved[-1] if saved else 'none (the SFT model)'}")
+        loss = totals["loss"]
         for term in guidance:  # guidance terms' losses, as micro-batch shares
             for extra in term.loss(seen):
                 if not torch.isfinite(extra):
@@ -308,8 +286,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
             s_rows, t_rows = ~traj.is_teacher, traj.is_teacher  # [B] student rows, teacher rows
             metrics.update({
                 "reward": returns.episode[s_rows].mean().item(), "answer_reward_student": answer[s_rows].mean().item(),
-                "loss": loss, "kl": stats["kl"], "clip_fraction": stats["clip_fraction"],
-                "entropy": entropy_sum / max(n_tok, 1.0), "micro_batches": float(len(parts)),
+                "loss": loss, "kl": totals["kl"], "clip_fraction": totals["clip_fraction"],
+                "entropy": totals["entropy_sum"] / max(n_tok, 1.0), "micro_batches": float(len(parts)),
                 "response_length": float(mask[s_rows].sum() / max(int(s_rows.sum()), 1)),
                 "advantage_mean": adv.mean().item(), "advantage_std": adv.std().item(),
                 "samples_per_s": mask.shape[0] / seconds, "tokens_per_s": n_tok / seconds,
@@ -320,8 +298,9 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                 metrics["answer_reward_teacher"] = answer[t_rows].mean().item()
             if rollout_logp is not None:  # how far the engine's distribution is from the policy's
                 n_sampled = max(float(sampled.sum()), 1.0)
-                metrics.update(tis_weight_mean=is_sum / n_sampled, tis_capped_fraction=is_capped / n_sampled,
-                               rollout_logp_gap=lp_gap / n_sampled)
+                metrics.update(tis_weight_mean=totals["is_sum"] / n_sampled,
+                               tis_capped_fraction=totals["is_capped"] / n_sampled,
+                               rollout_logp_gap=totals["lp_gap"] / n_sampled)
             on_log(step, metrics)
         if stop_after is not None and step >= stop_after:
             break

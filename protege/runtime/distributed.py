@@ -24,9 +24,24 @@ def one_process(what: str) -> None:
                               f"{world()[1]} (torchrun / deepspeed): launch it without them")
 
 
+# where launchers other than torchrun and the deepspeed launcher put a rank's index on its machine
+LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
 def local_rank() -> int:
-    """Which accelerator of this machine the process owns (torchrun / deepspeed set LOCAL_RANK)."""
-    return int(os.environ.get("LOCAL_RANK", 0))
+    """Which accelerator of this machine the process owns: LOCAL_RANK (torchrun, the deepspeed launcher, ours),
+    or an MPI launcher's local rank; 0 for a process no launcher started."""
+    for var in LOCAL_RANK_VARS:
+        value = os.environ.get(var)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                raise UserFacingError(f"{var} is {value!r}: expected this process's index on its machine") from None
+    if world()[1] > 1:
+        raise UserFacingError(f"this process is rank {world()[0]} of {world()[1]} (RANK, WORLD_SIZE) but no launcher "
+                              f"said its index on this machine ({', '.join(LOCAL_RANK_VARS)}): set LOCAL_RANK")
+    return 0
 
 
 def _grouped() -> bool:
@@ -42,8 +57,21 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     """The sum of `value` over all processes (a copy; `value` itself is left alone)."""
     out = value.detach().clone()
     if _grouped():
-        torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
+        # NCCL reduces device tensors only: a count kept on the CPU goes to this rank's bound GPU and back
+        staged = (out.to(torch.device("cuda", torch.cuda.current_device()))
+                  if out.device.type == "cpu" and torch.distributed.get_backend() == "nccl" else out)
+        torch.distributed.all_reduce(staged, op=torch.distributed.ReduceOp.SUM)
+        out = staged.to(value.device)
     return out
+
+
+def rows_per_rank(local_rows: int) -> float:
+    """The global batch's rows (summed over ranks, collective) divided by the number of ranks: the denominator
+    that makes a rank's summed loss its share of the global mean when the updater averages the ranks'
+    gradients, however unevenly the rows split. One process: `local_rows`."""
+    if not _grouped():
+        return float(local_rows)
+    return float(all_reduce_sum(torch.tensor(float(local_rows)))) / world()[1]
 
 
 def global_mean_share(local_mean: torch.Tensor, local_count: int, global_count: int, world_size: int) -> torch.Tensor:

@@ -10,6 +10,7 @@ last line.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import subprocess
@@ -94,12 +95,27 @@ def launch(argv: list[str], processes: int, on_cuda: bool, threads: int = 0) -> 
     return 0
 
 
-def init_group(on_cuda: bool) -> None:
-    """Joins the launched group before the stage runs, so that rank 0 can prepare folders while the others
-    wait at a barrier (the training runtime then finds the group made)."""
+def init_group(on_cuda: bool, timeout_s: float = 1800.0) -> None:
+    """Binds this rank's GPU, then joins the launched group, before the stage runs (rank 0 prepares folders
+    while the others wait at a barrier; the training runtime then finds the group made).
+
+    Whoever launched the rank (ours, torchrun, the deepspeed launcher, an MPI launcher), the GPU is bound
+    first: NCCL and object collectives (`on_rank0`'s broadcast) stage their tensors on the current CUDA
+    device, so a rank that has not bound its own would put every rank on GPU 0 ("Duplicate GPU detected").
+    `device_id` ties the NCCL communicator to that GPU; `timeout_s` bounds how long a collective waits for a
+    rank that never comes (a dead or stuck rank fails the stage instead of hanging it).
+    """
     if os.environ.get("PROTEGE_EXIT_WITH_PARENT") == "1":  # our launcher's rank: it ends when the launcher is gone
         from protege.runtime.parent_watch import exit_with_parent
 
         exit_with_parent()
+    device = None
+    if on_cuda:
+        from protege.runtime.placement import bind_gpu
+
+        device = bind_gpu()
     if launched() and int(os.environ["WORLD_SIZE"]) > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if on_cuda else "gloo")
+        kw = {"timeout": datetime.timedelta(seconds=timeout_s)}
+        if device is not None:
+            kw["device_id"] = device
+        torch.distributed.init_process_group("nccl" if on_cuda else "gloo", **kw)

@@ -17,6 +17,25 @@ from protege.runtime.distributed import local_rank
 CPU = torch.device("cpu")
 
 
+def rank_gpu() -> torch.device:
+    """The GPU this process owns: that of its local rank (one rank per GPU). A launcher that shows each rank
+    a single GPU (CUDA_VISIBLE_DEVICES set per process) leaves it index 0."""
+    index, visible = local_rank(), torch.cuda.device_count()
+    if visible == 1:
+        return torch.device("cuda", 0)
+    if index >= visible:
+        raise UserFacingError(f"this process has local rank {index} but sees {visible} GPU(s): start one rank per "
+                              "GPU (or fewer processes on this machine)")
+    return torch.device("cuda", index)
+
+
+def bind_gpu() -> torch.device:
+    """Makes this rank's GPU the current CUDA device (what NCCL and object collectives stage on) and returns it."""
+    device = rank_gpu()
+    torch.cuda.set_device(device)
+    return device
+
+
 def resolve_device(name: str, key: str) -> torch.device:
     """`auto | cpu | cuda` -> a device; `key` (e.g. "sft.device") names the setting in errors.
 
@@ -30,9 +49,7 @@ def resolve_device(name: str, key: str) -> torch.device:
     if not torch.cuda.is_available():
         raise UserFacingError(f"{key} is 'cuda' but this torch build sees no CUDA device "
                               f"(torch {torch.__version__}); use {key}: cpu or auto")
-    device = torch.device("cuda", local_rank())
-    torch.cuda.set_device(device)
-    return device
+    return bind_gpu()
 
 
 def to_device(batch: dict, device: torch.device) -> dict:

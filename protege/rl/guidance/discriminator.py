@@ -12,6 +12,7 @@ from protege.models.processor import StudentProcessor
 from protege.rewards.similarity import similarity_reward
 from protege.rl.estimators.base import Returns
 from protege.rl.guidance.base import Guidance, QuestionStep
+from protege.runtime.distributed import rows_per_rank
 from protege.runtime.micro import budget_tokens, micro_batches
 from protege.runtime.placement import CPU, to_device, visiting
 from protege.runtime.state import OptimizerState, Weights
@@ -63,10 +64,12 @@ class DiscriminatorSimilarity(Guidance):
                 spans.append(slice(first, first + part["input_ids"].shape[0]))
                 first = spans[-1].stop
             if self.updater is not None:
-                for _ in range(cfg.disc_updates):  # BCE's mean over the 2G * B answers, as micro-batch shares
+                # BCE's mean over the 2G * B answers of every rank, as micro-batch shares (rows_per_rank)
+                denominator = rows_per_rank(len(texts))
+                for _ in range(cfg.disc_updates):
                     for part, span in zip(parts, spans):
                         self.updater.backward(F.binary_cross_entropy_with_logits(disc(**part), labels[span],
-                                                                                 reduction="sum") / len(texts))
+                                                                                 reduction="sum") / denominator)
                     self.updater.step()
             with torch.no_grad():
                 disc.eval()
