@@ -404,6 +404,9 @@ class TeacherSpec(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(128, ge=1, le=1_000_000)
     batch_size: int = Field(32, ge=1, le=1_000_000)
+    # vllm: the engine's context, prompt (its images included) + max_tokens; a longer request fails with vLLM's
+    # message. Sized for the work, never the model's native context (128k: a KV cache that would not fit)
+    max_model_len: int = Field(8192, ge=16, le=10_000_000, **affects(NOTHING))
 
     @model_validator(mode="after")
     def _backend_needs(self) -> "TeacherSpec":
@@ -832,6 +835,9 @@ class EvaluateConfig(Section):
     batch_size: int = Field(64, ge=1, le=1_000_000)
     max_new_tokens: int = Field(16, ge=1, le=1_000_000)
     generation: Literal["transformers", "vllm"] = "transformers"  # vllm: one engine per evaluated model (GPU)
+    # vllm: the engine's context (prompt + answer tokens); null: the longest prompt of the benchmarks and the test
+    # split, measured through the model's processor before the first engine starts, plus max_new_tokens
+    vllm_max_model_len: int | None = Field(None, ge=16, le=10_000_000, **affects(NOTHING))
     benchmarks: Literal["mini"] | dict[str, str] = "mini"
     mini_items: int = Field(24, ge=4, le=1_000_000)  # items per mini benchmark (MMBench: / 4 questions x 4 copies)
     protocol: Literal["lmms-eval", "lenient", "vlmevalkit"] = "lmms-eval"  # lenient: our generous reading;

@@ -21,6 +21,22 @@ def decode_images(item: BenchItem) -> list[Image.Image]:
     return out
 
 
+def prompt_extent(processor, items: list[BenchItem], questions: list[str], images: list,
+                  batch_size: int = 32) -> tuple[int, int]:
+    """(the longest prompt in tokens, image tokens included; the most images one prompt holds) over benchmark
+    items and question rows (`questions[i]` with `images[i]`): what a generation engine's context must hold."""
+    prompts = [build_prompt(it) for it in items] + list(questions)
+    longest = most = 0
+    for start in range(0, len(prompts), batch_size):
+        chunk = range(start, min(start + batch_size, len(prompts)))
+        pics = [decode_images(items[i]) if i < len(items) else images[i - len(items)] for i in chunk]
+        per_prompt = processor.image_lists(pics)
+        batch = processor.encode_prompts([prompts[i] for i in chunk], per_prompt)
+        longest = max(longest, int(batch["attention_mask"].sum(dim=1).max()))
+        most = max(most, max(len(p) for p in per_prompt))
+    return longest, most
+
+
 def generate_predictions(model, processor, items: list[BenchItem], batch_size: int, max_new_tokens: int,
                          sampling: Sampling | None = None, progress=None) -> list[Prediction]:
     """One Prediction per item, in item order. `latency_s` is the wall time of the batch the answer came
@@ -35,7 +51,8 @@ def generate_predictions(model, processor, items: list[BenchItem], batch_size: i
         t0 = time.perf_counter()
         images = [decode_images(items[i]) for i in chunk]
         batch = processor.encode_prompts([prompts[i] for i in chunk], images)
-        c = complete(model, processor, batch, images, sampling)  # `model` may be a vLLM engine
+        c = complete(model, processor, batch, images, sampling,  # `model` may be a vLLM engine
+                     questions=[prompts[i] for i in chunk])
         seconds = time.perf_counter() - t0
         for i, text, n in zip(chunk, c.texts, c.completion_mask.sum(dim=1).tolist()):
             by_item[i] = Prediction(items[i].index, text, int(n), seconds)

@@ -36,6 +36,8 @@ class Completions:
     completion_mask: torch.Tensor    # [N, L] 1 up to and including the first end-of-turn token
     texts: list[str] = field(default_factory=list)
     logprobs: torch.Tensor | None = None  # [N, L] the sampled tokens' log-probs, where a backend reports them
+    # [N, L] False where the backend's log-prob was not finite (NaN, -inf): `logprobs` holds 0 there
+    logprobs_finite: torch.Tensor | None = None
 
 
 def completion_mask(completion: torch.Tensor, eos_id: int | list[int]) -> torch.Tensor:
@@ -94,13 +96,16 @@ def sample(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], s
 
 
 def complete(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], images: list, sampling: Sampling,
-             num_return_sequences: int = 1) -> Completions:
+             num_return_sequences: int = 1, questions: list[str] | None = None) -> Completions:
     """`sample` with a transformers model, or with a generation engine standing in for it (e.g.
-    vllm_backend.VLLMGenerator), which also needs each prompt's images as pictures: it runs its own image
-    processor. Every caller that may be handed either goes through here."""
+    vllm_backend.VLLMGenerator), which also needs each prompt's images as pictures and its `questions` (the batch
+    was encoded from `processor.encode_prompts(questions, images)`): the engine runs the model's own image
+    processor and placeholder expansion on the unexpanded prompt. Every caller that may be handed either goes
+    through here."""
     if isinstance(model, torch.nn.Module):
         return sample(model, processor, batch, sampling, num_return_sequences)
-    return model.sample(processor, batch, images, sampling, num_return_sequences)
+    prompt_ids = processor.engine_prompt_ids(questions, images) if questions is not None else None
+    return model.sample(processor, batch, images, sampling, num_return_sequences, prompt_ids=prompt_ids)
 
 
 def generate_answers(model, processor: StudentProcessor, questions: list[str], images: list[Image.Image],
@@ -113,7 +118,8 @@ def generate_answers(model, processor: StudentProcessor, questions: list[str], i
         batch = processor.encode_prompts(questions[i:i + batch_size], images[i:i + batch_size])
         if isinstance(model, torch.nn.Module):  # e.g. RL on CUDA; an engine takes its prompts on the CPU
             batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        c = complete(model, processor, batch, images[i:i + batch_size], sampling, num_return_sequences)
+        c = complete(model, processor, batch, images[i:i + batch_size], sampling, num_return_sequences,
+                     questions=questions[i:i + batch_size])
         texts += c.texts
         tokens += c.completion_mask.sum(dim=1).tolist()
         if progress:

@@ -188,6 +188,15 @@ class StudentProcessor:
         per_prompt = self.image_lists(images)
         return self._call([self.prompt(q, len(ims)) for q, ims in zip(questions, per_prompt)], per_prompt, "left")
 
+    def engine_prompt_ids(self, questions: list[str], images: list) -> list[list[int]]:
+        """Each prompt's token ids as the chat template writes them, one placeholder per image, NOT expanded: what
+        a generation engine that runs the model's own prompt update (vLLM) must be given. The engine expands them
+        to exactly `encode_prompts`' ids (unpadded); handing it already expanded ids would expand every image a
+        second time."""
+        per_prompt = self.image_lists(images)
+        return [self.tokenizer(self.prompt(q, len(ims)), add_special_tokens=False)["input_ids"]
+                for q, ims in zip(questions, per_prompt)]
+
     def answer_token_counts(self, prompts: list[str], answers: list[str]) -> list[int]:
         """Tokens of each `answer + end_of_turn` at the end of its training sequence. The prompt's tokens are a
         prefix of the sequence's where the tokenizer splits at the boundary (templates end their generation

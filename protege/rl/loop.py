@@ -84,23 +84,25 @@ def eval_due(step: int, cfg: RLConfig) -> bool:
 
 
 def _rollout_engine(cfg: RLConfig, policy, processor: StudentProcessor, updater, seed: int, rank: int,
-                    world_size: int, start: int, max_prompt_tokens: int | None):
-    """The policy (transformers) or a vLLM engine serving a copy of its weights, one per process. A resumed run
-    seeds its engine anew (from the step it resumes at): exact resume holds for transformers sampling only.
+                    world_size: int, start: int, max_prompt_tokens: int | None, rows: list[Row]):
+    """The policy (transformers) or a vLLM engine serving its weights, one per process. A resumed run seeds its
+    engine anew (from the step it resumes at): exact resume holds for transformers sampling only.
     The engine's context is rl.vllm_max_model_len, or the longest prompt the questions may have plus
     max_new_tokens; it reports each sampled token's log-prob when rl.rollout_correction asks for them."""
     if cfg.generation == "transformers":
         return policy
-    from protege.generation.vllm_backend import generator_from_model
+    from protege.generation.vllm_backend import generator_from_model, image_limit
 
     # several processes: each engine joins the launcher's process group and stays on its own device
     extra = {"distributed_executor_backend": "external_launcher"} if world_size > 1 else {}
     length = cfg.vllm_max_model_len or (max_prompt_tokens + cfg.max_new_tokens if max_prompt_tokens else None)
-    if length:
-        extra["max_model_len"] = length
+    if not length:
+        raise UserFacingError("rl.generation 'vllm' needs the engine's context: set rl.vllm_max_model_len (prompt + "
+                              "answer tokens)")
     with updater.gathered():
         return generator_from_model(policy, processor, seed=seed * 1_000_003 + rank * 1009 + start,
-                                    memory=cfg.vllm_memory, sleep=cfg.vllm_sleep,
+                                    memory=cfg.vllm_memory, sleep=cfg.vllm_sleep, max_model_len=length,
+                                    images_per_prompt=image_limit(policy, [r.image for r in rows]),
                                     logprobs=cfg.rollout_correction == "tis", **extra)
 
 
@@ -174,7 +176,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         term.resumed()
 
     # who samples: the policy itself, or a vLLM engine started from its current (possibly resumed) weights
-    rollout = _rollout_engine(cfg, policy, processor, updater, seed, rank, world_size, start, inputs.max_prompt_tokens)
+    rollout = _rollout_engine(cfg, policy, processor, updater, seed, rank, world_size, start, inputs.max_prompt_tokens,
+                              rows)
 
     def after_update(step: int) -> None:  # the learning curve's hook, on the weights after `step` updates
         if inputs.evaluator is None or not eval_due(step, cfg):
@@ -203,7 +206,8 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         # 2. G student samples per question from pi_old (= the current policy); G teacher answers for RIL
         t_rollout = time.perf_counter()
         with updater.gathered():
-            student = complete(rollout, processor, prompts, [r.image for r in batch_rows], sampling, G)
+            student = complete(rollout, processor, prompts, [r.image for r in batch_rows], sampling, G,
+                               questions=[r.question for r in batch_rows])
         rollout_s = time.perf_counter() - t_rollout
         if callable(getattr(rollout, "sleep", None)):
             rollout.sleep()  # a vLLM engine's memory goes to the update; taken back before the next rollout
@@ -236,10 +240,16 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
         mask = traj.loss_mask.float()  # [B, L] student and teacher answer tokens
         # the rollout engine's log-prob of each token it sampled (student rows), for its importance weights
         rollout_logp = sampled = None
+        nonfinite = 0.0
         if student.logprobs is not None and cfg.rollout_correction == "tis":
             rollout_logp = torch.zeros(mask.shape)
             rollout_logp[~is_teacher, :student.logprobs.shape[1]] = student.logprobs.float().cpu()
             sampled = mask.cpu() * (~is_teacher).float().unsqueeze(1)
+            if student.logprobs_finite is not None:  # a NaN / -inf engine log-prob: no importance weight there
+                finite = torch.ones(mask.shape, dtype=torch.bool)
+                finite[~is_teacher, :student.logprobs_finite.shape[1]] = student.logprobs_finite.cpu()
+                nonfinite = float((sampled * (~finite).float()).sum())
+                sampled = sampled * finite.float()
         parts = [traj.select(rows_, processor) if len(rows_) < traj.n else traj
                  for rows_ in micro_batches(traj.n, traj.width, tokens_per_forward)]
         seen.batch, seen.parts = traj, parts
@@ -300,7 +310,7 @@ def run_rl(policy, ref, processor: StudentProcessor, inputs: RLInputs, cfg: RLCo
                 n_sampled = max(float(sampled.sum()), 1.0)
                 metrics.update(tis_weight_mean=totals["is_sum"] / n_sampled,
                                tis_capped_fraction=totals["is_capped"] / n_sampled,
-                               rollout_logp_gap=totals["lp_gap"] / n_sampled)
+                               rollout_logp_gap=totals["lp_gap"] / n_sampled, rollout_logp_nonfinite=nonfinite)
             on_log(step, metrics)
         if stop_after is not None and step >= stop_after:
             break

@@ -71,6 +71,22 @@ def test_split_label(cfg: Config) -> str:
     return f"test split ({', '.join(names)})"
 
 
+def engine_extent(ev, processor, suite: dict, test_rows: list, model) -> tuple[int, int | None]:
+    """(max_model_len, images per prompt) of a vLLM engine answering the suite and the test rows: the setting, or
+    the longest prompt measured through the model's processor, plus max_new_tokens."""
+    from protege.eval.runner import prompt_extent
+
+    from protege.generation.vllm_backend import image_limit
+
+    items = [it for bench in suite.values() for it in bench]
+    images = image_limit(model, [list(it.images) for it in items] + [r.image for r in test_rows])
+    if ev.vllm_max_model_len:
+        return ev.vllm_max_model_len, images
+    say("evaluate", f"measuring {len(items) + len(test_rows)} prompts for the vLLM engine's context")
+    longest, _ = prompt_extent(processor, items, [r.question for r in test_rows], [r.image for r in test_rows])
+    return longest + ev.max_new_tokens, images
+
+
 def run(cfg: Config, root: Path, run) -> None:
     ev = cfg.evaluate
     run.log_params(ev.model_dump(exclude={"judge"}), "evaluate.")
@@ -98,13 +114,17 @@ def run(cfg: Config, root: Path, run) -> None:
         report["suite"] = f"test:{test_label}"
     world_items, items_by_model = [], {}
     models = models_to_evaluate(root)
+    extent = None  # a vLLM engine's context and images per prompt, measured once
     for model_name, rel in models.items():
         run.log_input(rel, context=f"model:{model_name}")
         model, processor = load_model(cfg, root / rel)
-        if ev.generation == "vllm":  # an engine answers in the model's place, from a temporary copy of it
+        if ev.generation == "vllm":  # an engine answers in the model's place, its weights synced from the model
             from protege.generation.vllm_backend import generator_from_model
 
-            model = generator_from_model(model, processor, seed=cfg.seed)
+            extent = extent or engine_extent(ev, processor, suite, test_rows, model)  # every model: one family
+            length, images = extent
+            model = generator_from_model(model, processor, seed=cfg.seed, max_model_len=length,
+                                         images_per_prompt=images)
         summary = evaluate_model(model, processor, suite, ev, root / EVAL_DIR / model_name, complete, cfg.seed,
                                  log=lambda m, n=model_name: say("evaluate", f"{n} {m}"), grader=grader)
         world, items = evaluate_rows(model, processor, test_rows, ev.batch_size, ev.max_new_tokens)

@@ -22,12 +22,15 @@ def run(cfg: Config, root: Path, run) -> None:
     run.log_input(SFT_MODEL, context="student")
     torch.manual_seed(cfg.seed)
     model, processor = load_model(cfg, root / SFT_MODEL)
-    if c.generation == "vllm":  # an engine samples in the student's place, from a temporary copy of it
-        from protege.generation.vllm_backend import generator_from_model
-
-        model = generator_from_model(model, processor, seed=cfg.seed, memory=c.vllm_memory)
     rows = load_rows(root / CURATED_RL)
     processor.check_images(rows, str(CURATED_RL))
+    if c.generation == "vllm":  # an engine samples in the student's place, its weights synced from the student
+        from protege.generation.vllm_backend import generator_from_model, image_limit
+
+        # curate dropped every question longer than curate.max_tokens (prompt, image and reference answer)
+        model = generator_from_model(model, processor, seed=cfg.seed, memory=c.vllm_memory,
+                                     max_model_len=c.vllm_max_model_len or cfg.curate.max_tokens + c.max_new_tokens,
+                                     images_per_prompt=image_limit(model, [r.image for r in rows]))
     sampling = Sampling(do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                         max_new_tokens=c.max_new_tokens)
     texts, tokens, seconds = generate_answers(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from protege.errors import UserFacingError
 from protege.world.teachers import behaviour_digest, scripted_answer
 
 
@@ -165,7 +166,10 @@ class TransformersTeacher:
 
 @dataclass
 class VLLMTeacher:
-    """vLLM's offline engine (extra `gpu`; the CPU build serves text-only models); imported only when used."""
+    """vLLM's offline engine (extra `gpu`; the CPU build serves text-only models); imported only when used.
+
+    The engine starts at the first `run`, sized for it: `max_model_len` (prompt with its images + max_tokens) and,
+    for a vision-language model, as many images per prompt as the most any of those requests holds."""
     name: str
     model_path: str
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -173,17 +177,34 @@ class VLLMTeacher:
     engine_kwargs: dict = field(default_factory=dict)
     seed: int = 0
     llm: object = None  # an engine already serving these weights, shared instead of starting a second one
+    max_model_len: int = 8192
+    images_per_prompt: int | None = None  # the engine's image limit once started (None: text only)
 
     def __post_init__(self) -> None:
-        from protege.generation.vllm_backend import require_vllm, start_engine
+        from protege.generation.vllm_backend import require_vllm
 
         require_vllm()
         if not self.revision:  # the weights' hash, not the path: retrained weights at one path are asked anew
             from protege.teachers.cache import weights_digest
 
             self.revision = weights_digest(self.model_path)
+
+    def _engine(self, requests: list[TeacherRequest]):
+        most = max((len(r.image_paths) for r in requests), default=0)
         if self.llm is None:
-            self.llm = start_engine(self.model_path, seed=self.seed, **self.engine_kwargs)
+            from protege.generation.vllm_backend import start_engine
+
+            try:
+                config = json.loads((Path(self.model_path) / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                config = {}
+            self.images_per_prompt = most if "vision_config" in config else None
+            self.llm = start_engine(self.model_path, seed=self.seed, max_model_len=self.max_model_len,
+                                    images_per_prompt=self.images_per_prompt, **self.engine_kwargs)
+        elif self.images_per_prompt is not None and most > self.images_per_prompt:
+            raise UserFacingError(f"teacher '{self.name}': a request holds {most} images, but its vLLM engine was "
+                                  f"started for at most {self.images_per_prompt} per prompt")
+        return self.llm
 
     def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
         from PIL import Image
@@ -200,7 +221,7 @@ class VLLMTeacher:
             content.append({"type": "text", "text": r.question})
             prompts.append({"prompt": [{"role": "user", "content": content}]})
         t0 = time.perf_counter()
-        outputs = self.llm.chat([p["prompt"] for p in prompts], params)
+        outputs = self._engine(requests).chat([p["prompt"] for p in prompts], params)
         latency = (time.perf_counter() - t0) / max(1, len(requests))
         for r, out in zip(requests, outputs):
             o = out.outputs[0]

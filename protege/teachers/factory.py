@@ -19,7 +19,7 @@ def build_teacher(spec: TeacherSpec, root: Path, error_rate: float, seed: int,
     if spec.backend == "transformers":
         return TransformersTeacher(spec.name, path, sampling, batch_size=spec.batch_size, seed=seed)
     if spec.backend == "vllm":
-        return VLLMTeacher(spec.name, str(path), sampling, seed=seed)
+        return VLLMTeacher(spec.name, str(path), sampling, seed=seed, max_model_len=spec.max_model_len)
     from protege.teachers.openai_backend import OpenAITeacher
 
     return OpenAITeacher(spec.name, spec.base_url, spec.model, sampling, api_key_env=spec.api_key_env,

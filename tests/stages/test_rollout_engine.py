@@ -22,9 +22,11 @@ class CopyEngine:
     def __init__(self, model, processor, seed=0, **engine_kw):
         self.model = copy.deepcopy(model)
         self.engine_kw, self.syncs, self.images_seen, self.closed = engine_kw, 0, [], False
+        self.prompt_ids = []
 
-    def sample(self, processor, batch, images, sampling, num_return_sequences=1):
+    def sample(self, processor, batch, images, sampling, num_return_sequences=1, prompt_ids=None):
         self.images_seen += list(images)
+        self.prompt_ids += prompt_ids or []
         return sample(self.model, processor, batch, sampling, num_return_sequences)
 
     def sync_weights(self, model):
@@ -55,15 +57,22 @@ def test_vllm_rollouts_follow_the_policy_through_syncs(tiny_student, tiny_proces
         logs = []
         # a judge that tells samples apart from the first step (the untrained student is never right)
         judge = lambda qs, refs, texts: [float(len(t) % 2) for t in texts]  # noqa: E731
-        run_rl(policy, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows, judge=judge),
+        run_rl(policy, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows, judge=judge, max_prompt_tokens=120),
                RLConfig(**BASE, algorithm="dr_grpo", generation=generation, vllm_memory=0.25), tmp_path / generation, seed=0,
                on_log=lambda s, m: logs.append(m))
         runs[generation] = (policy.state_dict(), logs)
     [engine] = engines
     # the engine sleeps through updates and reports its log-probs for the importance weights (rl defaults)
     assert engine.syncs == 3 and engine.closed
-    assert engine.engine_kw == {"memory": 0.25, "sleep": True, "logprobs": True}
+    # sized for the questions (their cap + max_new_tokens, the most images one holds), not the model's context
+    most = max(len(tiny_processor.image_lists([r.image])[0]) for r in rows)
+    assert engine.engine_kw == {"memory": 0.25, "sleep": True, "logprobs": True, "max_model_len": 124,
+                                "images_per_prompt": most}
     assert len(engine.images_seen) == 6 and all(im is not None for im in engine.images_seen)  # the pictures
+    # and each prompt unexpanded: one image placeholder where the trainer's ids hold the image's tokens
+    pad = tiny_processor.image_token_id
+    n_images = [len(tiny_processor.image_lists([r.image])[0]) for r in rows]
+    assert sorted(ids.count(pad) for ids in engine.prompt_ids) == sorted(n_images)
     (w_t, logs_t), (w_v, logs_v) = runs["transformers"], runs["vllm"]
     assert any(not torch.equal(w_t[k], tiny_student.state_dict()[k]) for k in w_t)  # the run did learn
     assert all(torch.equal(w_t[k], w_v[k]) for k in w_t)  # same samples, same updates

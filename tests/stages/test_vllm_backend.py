@@ -29,6 +29,11 @@ def test_greedy_tokens_and_texts_match_transformers(report):
     assert report["logprob_err_before"] < 1e-4
 
 
+def test_the_engine_starts_without_a_checkpoint_and_checks_its_prompts(report):
+    assert not report["engine_folder_has_weights"]  # config + tokenizer only; the weights came by sync
+    assert report["mismatch_error"] is not None and report["mismatch_error"].startswith("prompt row 2:")
+
+
 def test_synced_weights_drive_the_engine(report):
     """After each policy-gradient update the engine still answers with the old weights until
     `sync_weights`; after the syncs it answers exactly as transformers does with the updated weights."""

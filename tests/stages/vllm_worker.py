@@ -18,7 +18,7 @@ import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from protege.generation.transformers_backend import Sampling, generate_answers, sample
-from protege.generation.vllm_backend import VLLMGenerator
+from protege.generation.vllm_backend import EnginePromptMismatch, generator_from_model
 from protege.models.processor import StudentProcessor
 from protege.models.tokenizer import EOS, PAD, train_tokenizer
 from protege.teachers.backends import SamplingParams, TeacherAnswer, TeacherRequest, VLLMTeacher
@@ -48,13 +48,16 @@ def completion_ids(c) -> list[list[int]]:
     return [row[: int(m.sum())].tolist() for row, m in zip(comp, c.completion_mask)]
 
 
-def token_logprobs(model, c) -> torch.Tensor:
-    """[N, L] log-probs of each completion token under `model` (transformers), zero past the mask."""
+def token_logprobs(model, c, suppressed: list[int]) -> torch.Tensor:
+    """[N, L] log-probs of each completion token under `model` (transformers) in the distribution the tokens are
+    drawn from (the `suppressed` tokens, which generation never samples, taken out), zero past the mask: what the
+    engine reports as processed log-probs."""
     attn = (c.sequences != -1).long()
     attn[:, :c.prompt_len] = (c.sequences[:, :c.prompt_len] != model.config.pad_token_id).long()
     with torch.no_grad():
-        logits = model(input_ids=c.sequences, attention_mask=attn).logits[:, c.prompt_len - 1:-1]
-    lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, c.sequences[:, c.prompt_len:, None])[..., 0]
+        logits = model(input_ids=c.sequences, attention_mask=attn).logits[:, c.prompt_len - 1:-1].float()
+    logits[..., suppressed] = float("-inf")
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, c.sequences[:, c.prompt_len:, None])[..., 0]
     return lp * c.completion_mask
 
 
@@ -70,8 +73,11 @@ def main(out_dir: str) -> None:
     questions = [i.question for i in items[:8]]
     batch = processor.encode_prompts(questions, [None] * len(questions))
 
-    gen = VLLMGenerator(model_dir, processor, seed=0, logprobs=True)
+    # the engine starts from the config and tokenizer alone (dummy weights) and gets the model's by reference:
+    # greedy equality below shows the synced weights are the ones it answers with
+    gen = generator_from_model(model, processor, seed=0, logprobs=True, max_model_len=256)
     report["startup_s"] = gen.startup_s
+    report["engine_folder_has_weights"] = any(gen.model_path.glob("*.safetensors"))
 
     # 1. greedy: vLLM == transformers on the same weights, tokens, masks and texts
     hf = sample(model, processor, batch, GREEDY)
@@ -80,8 +86,16 @@ def main(out_dir: str) -> None:
     report["greedy_equal"] = completion_ids(hf) == before and hf.texts == vl.texts
     report["prompt_len_equal"] = vl.prompt_len == hf.prompt_len and torch.equal(vl.sequences[:, :vl.prompt_len],
                                                                                  hf.sequences[:, :hf.prompt_len])
-    report["logprob_err_before"] = float((vl.logprobs - token_logprobs(model, vl)).abs().max())
+    report["logprob_err_before"] = float((vl.logprobs - token_logprobs(model, vl, processor.vision_token_ids)).abs().max())
     texts, tokens, _ = generate_answers(gen, processor, questions, [None] * len(questions), GREEDY, batch_size=3)
+    # the engine's prompt ids are compared with the ones the loss scores: a prompt that differs names its row
+    wrong = processor.engine_prompt_ids(questions[:3], [None] * 3)
+    wrong[2] = wrong[2][:-1]
+    try:
+        gen.sample(processor, processor.encode_prompts(questions[:3], [None] * 3), None, GREEDY, prompt_ids=wrong)
+        report["mismatch_error"] = None
+    except EnginePromptMismatch as exc:
+        report["mismatch_error"] = str(exc)
     report["answers_equal"] = texts == hf.texts and tokens == hf.completion_mask.sum(dim=1).tolist()
 
     # 2. the teacher backend through the same engine: one answer per request, the chat template vLLM applies
@@ -144,7 +158,7 @@ def main(out_dir: str) -> None:
     after = completion_ids(vl)
     report["greedy_equal_after"] = completion_ids(hf) == after and hf.texts == vl.texts
     report["changed_by_updates"] = sum(a != b for a, b in zip(after, before))
-    report["logprob_err_after"] = float((vl.logprobs - token_logprobs(model, vl)).abs().max())
+    report["logprob_err_after"] = float((vl.logprobs - token_logprobs(model, vl, processor.vision_token_ids)).abs().max())
     # the engine's log-probs of the *old* greedy answers now equal the updated model's, not the first one's
     report["vllm_mean_logprob"] = float(vl.logprobs.sum() / vl.completion_mask.sum())
     gen.close()
