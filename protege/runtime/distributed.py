@@ -25,7 +25,8 @@ def one_process(what: str) -> None:
 
 
 # where launchers other than torchrun and the deepspeed launcher put a rank's index on its machine
-LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                   "SLURM_LOCALID")
 
 
 def local_rank() -> int:
