@@ -271,7 +271,7 @@ class EngineBeside:
     def __init__(self, policy, reported):
         self.policy, self.reported, self.calls = policy, reported, []
 
-    def sample(self, processor, batch, images, sampling, n=1):
+    def sample(self, processor, batch, images, sampling, n=1, prompt_ids=None):
         from protege.generation.transformers_backend import sample
 
         out = sample(self.policy, processor, batch, sampling, n)
@@ -321,6 +321,38 @@ def test_truncated_importance_sampling_weights_the_engines_tokens(tiny_student, 
     assert "tis_weight_mean" not in logs[0] and logs[1]["tis_weight_mean"] == 2.0
     assert logs[1]["tis_capped_fraction"] == 1.0 and logs[1]["rollout_logp_gap"] > 90
     assert engines[-1].calls == ["sleep", "sync", "close"]
+
+
+class NonFiniteEngine(EngineBeside):
+    """An engine whose every other sampled token comes back with a NaN or -inf log-prob, sanitised as
+    vllm_backend.completions_from_outputs does (0, marked not finite)."""
+
+    def sample(self, processor, batch, images, sampling, n=1, prompt_ids=None):
+        out = super().sample(processor, batch, images, sampling, n, prompt_ids)
+        finite = torch.ones(out.completion_mask.shape, dtype=torch.bool)
+        finite[:, ::2] = False
+        out.logprobs = torch.where(finite, out.logprobs, torch.zeros_like(out.logprobs))
+        out.logprobs_finite = finite
+        self.nonfinite = getattr(self, "nonfinite", 0) + float((~finite & out.completion_mask.bool()).sum())
+        return out
+
+
+def test_non_finite_engine_logprobs_get_no_importance_weight(tiny_student, tiny_processor, tiny_world, tmp_path,
+                                                            monkeypatch):
+    """The tokens whose engine log-prob was not finite keep weight 1 (no correction) and are counted; the others
+    are weighted as usual: the run stays finite."""
+    import protege.rl.loop as loop
+
+    rows = load_rows(tiny_world / "rl.parquet")[:6]
+    engines = []
+    monkeypatch.setattr(loop, "_rollout_engine", lambda cfg, policy, *a: engines.append(NonFiniteEngine(policy, -100.0))
+                        or engines[-1])
+    logs = []
+    cfg = RLConfig(**BASE, algorithm="dr_grpo", kl_beta=0.0, rollout_correction="tis", tis_cap=2.0)
+    run_rl(copy.deepcopy(tiny_student), None, tiny_processor, RLInputs(rows, judge=variety), cfg, tmp_path,
+           seed=0, on_log=lambda s, m: logs.append(m))
+    assert sum(m["rollout_logp_nonfinite"] for m in logs) == engines[0].nonfinite > 0
+    assert all(1.0 < m["tis_weight_mean"] <= 2.0 for m in logs)  # the finite ones at the cap, none NaN
 
 
 def test_weights_reach_the_engine_one_tensor_at_a_time(tiny_student):
