@@ -17,7 +17,7 @@ from torch import nn
 
 from protege import provenance
 from protege.models.hf_folder import copy_processor_files
-from protege.models.precision import DTYPES, with_precision
+from protege.models.precision import DTYPES, float32_compute, with_precision
 
 HEAD_FILE = "head.safetensors"
 
@@ -28,6 +28,10 @@ def base_model(model: nn.Module) -> nn.Module:
 
 
 class Discriminator(nn.Module):
+    # the head stays fp32 on a bf16 backbone (precision.with_precision) and computes in fp32: its d products
+    # summed into the one logit that the loss and the similarity reward read are not rounded to bf16
+    keep_in_float32 = ("head",)
+
     def __init__(self, backbone: nn.Module, source: str | Path | None = None):
         super().__init__()
         self.backbone = backbone
@@ -69,7 +73,9 @@ class Discriminator(nn.Module):
         hidden = out.last_hidden_state  # [N, T, d]
         positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
         last = (attention_mask * positions).argmax(dim=1)  # index of the last real token: [N]
-        return self.head(hidden[torch.arange(hidden.shape[0]), last].to(self.head.weight.dtype)).squeeze(-1)
+        last_hidden = hidden[torch.arange(hidden.shape[0]), last]
+        with float32_compute(last_hidden):  # the head's own dtype (fp32), not the backbone's bf16 autocast
+            return self.head(last_hidden.to(self.head.weight.dtype)).squeeze(-1)
 
     def save(self, path: str | Path) -> None:
         """A LoRA backbone is saved merged (W + scale * B A): the folder loads with AutoModel either way."""
@@ -97,15 +103,15 @@ class Discriminator(nn.Module):
             raise FileNotFoundError(f"{path}: no discriminator here ({HEAD_FILE} missing)")
         disc = cls(AutoModel.from_pretrained(str(path), use_safetensors=True, dtype=dtype,
                                              trust_remote_code=trust_remote_code), path)
-        disc.head.to(dtype).load_state_dict(load_file(str(path / HEAD_FILE)))
+        disc.head.load_state_dict(load_file(str(path / HEAD_FILE)))  # fp32, whatever dtype it was saved in
         return disc
 
 
 def load_discriminator(path: str | Path, *, from_student: bool = False, trust_remote_code: bool = False,
                        dtype: str = "float32", lora=None) -> Discriminator:
     """The discriminator saved at `path` (or a fresh one on the student checkpoint at `path`) in `dtype`
-    (`model.dtype`: bf16 weights and autocast forwards), with fresh adapters on its backbone when `lora`
-    (`model.lora` settings) is given."""
+    (`model.dtype`: bf16 backbone and autocast forwards; the head stays float32), with fresh adapters on its
+    backbone when `lora` (`model.lora` settings) is given."""
     make = Discriminator.from_student if from_student else Discriminator.load
     disc = with_precision(make(path, trust_remote_code, dtype=DTYPES[dtype]), dtype)
     if lora is not None:

@@ -1,7 +1,12 @@
 """Mixed precision: `model.dtype: bfloat16` keeps the weights in bf16 and runs every forward of the model under
 bf16 autocast where the device computes in bf16 natively (CUDA with bf16 support; CPUs with AVX512-BF16 or
-AMX), so parts kept in float32 (LoRA adapters, the discriminator's head) meet bf16 activations in bf16
-matmuls. Where bf16 is not native the forward runs as it is: bf16 weights, no autocast.
+AMX), so parts kept in float32 (LoRA adapters) meet bf16 activations in bf16 matmuls. Where bf16 is not
+native the forward runs as it is: bf16 weights, no autocast. A module may name submodules that stay float32
+whatever the model's dtype (`keep_in_float32`, the discriminator's head): they compute in fp32 themselves.
+
+Training does not step the bf16 weights directly: the updaters (runtime/updaters.py) keep fp32 master
+weights of the trainable bf16 parameters and hand the model each step's result rounded to bf16, so the
+updates below bf16's half-ulp (most of them at lr 1e-5) are not rounded away.
 
 The autocast is bound to the module's own `forward`, so generation, deep copies (the frozen reference, the
 merged teacher) and peft wrappers all inherit it without each loop opening a context of its own.
@@ -62,9 +67,23 @@ def autocast_like(model: nn.Module):
     return torch.autocast(device_type, dtype=torch.bfloat16)
 
 
+def float32_compute(tensor: torch.Tensor):
+    """A context in which ops on `tensor`'s device compute in its dtype: autocast (bf16) off, if it was on."""
+    device_type = tensor.device.type
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def with_precision(model: nn.Module, dtype_name: str) -> nn.Module:
-    """`model` as `model.dtype` asks: bf16 weights and autocast forwards, or float32 untouched."""
+    """`model` as `model.dtype` asks: bf16 weights and autocast forwards (the submodules the model names in
+    `keep_in_float32` stay float32), or float32 untouched."""
     if dtype_name == "bfloat16":
+        # their values as they are: a round trip through bf16 would round them
+        kept = {name: {k: v.detach().float().clone() for k, v in model.get_submodule(name).state_dict().items()}
+                for name in getattr(model, "keep_in_float32", ())}
         model.to(torch.bfloat16)
+        for name, state in kept.items():
+            model.get_submodule(name).float().load_state_dict(state)
         enable_bf16_autocast(model)
     return model

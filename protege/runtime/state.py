@@ -91,20 +91,36 @@ def optimizer_from_files(opt: torch.optim.Optimizer, tensors: dict[str, torch.Te
 
 
 class OptimizerState:
-    """An updater's optimizer moments and hyper-parameters, and its LR schedule's position."""
+    """An updater's optimizer moments and hyper-parameters, its LR schedule's position, and the fp32 master
+    weights it steps in place of bf16 ones (`master.<i>`): the bf16 weights are those rounded, so a resume that
+    re-derived them would not reach the weights of an uninterrupted run."""
 
     def __init__(self, updater):
         self.updater = updater
         self.per_rank = updater.partitioned
 
     def dump(self):
-        tensors, meta = optimizer_to_files(self.updater.optimizer)
+        with self.updater.optimizer_view() as optimizer:
+            tensors, meta = optimizer_to_files(optimizer)
+        masters = self.updater.master_weights()
+        tensors.update({f"master.{i}": m.detach().cpu().contiguous() for i, m in enumerate(masters)})
+        meta["masters"] = len(masters)
         if self.updater.scheduler is not None:  # the lambdas are code, not state: LambdaLR stores None for them
             meta["scheduler"] = {k: v for k, v in self.updater.scheduler.state_dict().items() if k != "lr_lambdas"}
         return tensors, meta
 
     def load(self, tensors, extras):
-        optimizer_from_files(self.updater.optimizer, tensors, extras)
+        saved = {k: tensors.pop(k) for k in [k for k in tensors if k.startswith("master.")]}
+        masters = self.updater.master_weights()
+        # a state from before master weights were saved has none: the masters stay as the weights gave them
+        if saved and len(saved) != len(masters):
+            raise ValueError(f"the saved optimizer state has {len(saved)} master weights, but this run steps "
+                             f"{len(masters)}: was it saved with another model.dtype?")
+        with torch.no_grad():
+            for i, m in enumerate(masters if saved else []):
+                m.copy_(saved[f"master.{i}"])
+        with self.updater.optimizer_view() as optimizer:
+            optimizer_from_files(optimizer, tensors, extras)
         if self.updater.scheduler is not None:
             if "scheduler" not in extras:
                 raise ValueError("the saved optimizer state has no LR schedule, but this run uses one")

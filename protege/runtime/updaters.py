@@ -8,6 +8,23 @@ On CPU, DeepSpeed runs with DS_ACCELERATOR=cpu and the gloo backend (no oneCCL n
 
 An optional `lr_lambda` (factor on lr per step, as torch's LambdaLR) makes the LR schedule part of the
 updater, so that it is saved and restored with the optimizer (state.OptimizerState).
+
+bf16 weights (`model.dtype: bfloat16`) are trained through fp32 master weights under both backends: AdamW
+steps fp32 copies and the model gets them back rounded to bf16, so an update smaller than bf16's half-ulp
+(most updates at lr 1e-5: bf16 keeps 8 significant bits) adds up in the master instead of vanishing.
+TorchUpdater keeps a master copy of each trainable parameter that is not fp32 (an fp32 parameter beside it,
+a LoRA adapter or a value head, is stepped in place); each `backward` moves the new bf16 gradients onto the
+masters, where micro-batches add up in fp32. The forward is untouched: the model still holds bf16 weights and
+computes under precision.py's autocast, so its memory for weights and activations stays bf16's; the cost is
+4 bytes per trainable bf16 parameter for the master, and its gradient held in fp32. Keeping the trainable parameters
+themselves in fp32 and computing in bf16 through autocast alone was not chosen: where the device has no
+native bf16 the forward runs without autocast and would then compute in fp32, and the model would no longer
+hold the bf16 weights the rest of the project (generation, scoring, saving) reads.
+Under DeepSpeed the ZeRO optimizer already steps fp32 partitions of bf16 weights (master_weights_and_grads
+dtype float32) with gradients accumulated and reduced in fp32 while the config leaves bf16 off; turning it on
+would make DeepSpeed cast every parameter, fp32 adapters and heads included, to bf16, so it stays off.
+Either way the masters are optimizer state: `master_weights()` gives them to state.OptimizerState, which saves
+and restores them, since re-deriving them from the bf16 weights would lose what the rounding dropped.
 """
 from __future__ import annotations
 
@@ -34,43 +51,83 @@ def _schedule(optimizer: torch.optim.Optimizer, lr_lambda: Callable[[int], float
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda) if lr_lambda is not None else None
 
 
+def _low_precision(p: torch.Tensor) -> bool:
+    return p.dtype in (torch.bfloat16, torch.float16)
+
+
 class TorchUpdater:
     partitioned = False  # one process holds the whole optimizer state
 
     def __init__(self, model: torch.nn.Module, params: list[torch.nn.Parameter], lr: float, clip: float = 1.0,
                  weight_decay: float = 0.0, lr_lambda: Callable[[int], float] | None = None):
         self.model, self.params, self.clip = model, params, clip
-        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        # what AdamW steps, one per parameter: an fp32 copy of a bf16 parameter, an fp32 parameter itself
+        self.masters = [p.detach().float().requires_grad_(True) if _low_precision(p) else p for p in params]
+        self._copies = [(p, m) for p, m in zip(params, self.masters) if m is not p]
+        self.optimizer = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay)
         self.scheduler = _schedule(self.optimizer, lr_lambda)
+
+    def _gradients_to_masters(self) -> None:
+        """Adds each bf16 gradient the backward left on the model to its master's fp32 gradient."""
+        for p, m in self._copies:
+            if p.grad is not None:
+                g = p.grad.float()
+                m.grad = g if m.grad is None else m.grad.add_(g)
+                p.grad = None
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
+        self._gradients_to_masters()  # micro-batches add up in fp32, not in bf16
 
     def step(self) -> float:
         """Applies the gradients of the backward calls since the last step; returns their norm before clipping."""
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip) if self.clip else torch.tensor(float("nan"))
+        self._gradients_to_masters()
+        norm = torch.nn.utils.clip_grad_norm_(self.masters, self.clip) if self.clip else torch.tensor(float("nan"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._masters_to_model()
         if self.scheduler is not None:
             self.scheduler.step()
         return float(norm)
+
+    @torch.no_grad()
+    def _masters_to_model(self) -> None:
+        for p, m in self._copies:
+            p.copy_(m)  # rounded to the parameter's dtype; the master keeps what the rounding drops
 
     def update(self, loss: torch.Tensor) -> float:
         self.backward(loss)
         return self.step()
 
+    def master_weights(self) -> list[torch.Tensor]:
+        """The fp32 copies AdamW steps in place of bf16 parameters (none for an fp32 model): optimizer state
+        that the bf16 weights do not determine, so a resume needs them saved (state.OptimizerState)."""
+        return [m for _, m in self._copies]
+
     def gathered(self, modifier_rank: int | None = None):
         return contextlib.nullcontext()
 
+    def optimizer_view(self):
+        """The optimizer, for saving and loading its state (see DeepSpeedUpdater.optimizer_view)."""
+        return contextlib.nullcontext(self.optimizer)
+
     def to(self, device: torch.device) -> None:
         self.model.to(device)
+        for _, m in self._copies:  # .data: the optimizer keys its state by these very tensors
+            m.data = m.data.to(device)
+            if m.grad is not None:
+                m.grad = m.grad.to(device)
         move_optimizer_state(self.optimizer, device)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
 
+    @torch.no_grad()
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
+        # masters from the loaded weights; a resume then restores the saved masters (state.OptimizerState)
+        for p, m in self._copies:
+            m.copy_(p)
 
 
 def _free_port() -> str:
@@ -85,12 +142,22 @@ class DeepSpeedUpdater:
     def __init__(self, model: torch.nn.Module, params: list[torch.nn.Parameter], lr: float, zero_stage: int,
                  clip: float = 1.0, device: torch.device | None = None, weight_decay: float = 0.0,
                  lr_lambda: Callable[[int], float] | None = None, key: str = "backend"):
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
+        if zero_stage == 3 and len(dtypes) > 1:  # ZeRO-3 flattens every trained partition into one buffer
+            stage_key = key.rsplit(".", 1)[0] + ".zero_stage" if "." in key else "zero_stage"
+            raise UserFacingError(f"{key} 'deepspeed' at ZeRO-3 trains parameters of one dtype, but these are "
+                                  f"{' and '.join(dtypes)} (on a bf16 backbone the discriminator's head stays "
+                                  f"float32); set {stage_key}: 2, or model.dtype: float32")
         accel = "cuda" if (device.type == "cuda" if device is not None else torch.cuda.is_available()) else "cpu"
         os.environ.setdefault("DS_ACCELERATOR", accel)
         try:
             import deepspeed
         except ImportError as exc:
             raise UserFacingError(f"{key} 'deepspeed' needs DeepSpeed: pip install deepspeed") from exc
+        if accel == "cuda":  # NCCL stages on the current device: this rank's GPU, before any collective
+            from protege.runtime.placement import bind_gpu
+
+            bind_gpu()
         if not torch.distributed.is_initialized():
             # a process no launcher started is rank 0 of 1: its group needs only a port nobody else holds (a
             # fixed one would collide with another such run on the machine)
@@ -99,17 +166,25 @@ class DeepSpeedUpdater:
                              ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", _free_port() if alone else "29511")):
                 os.environ.setdefault(k, value)
             deepspeed.init_distributed(dist_backend="nccl" if accel == "cuda" else "gloo")
-        self.zero_stage = zero_stage
+        self.zero_stage, self.params = zero_stage, params
         # managed_gradient_accumulation off: DeepSpeed's own count of micro-batches per step would fix their
         # number in the config; here each step() applies whatever backward() calls came before it
         config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                   "managed_gradient_accumulation": False,
                   "gradient_clipping": clip, "zero_optimization": {"stage": zero_stage},
+                  # bf16 off even for bf16 weights: ZeRO steps fp32 partitions of them all the same, with fp32
+                  # gradients, while bf16 on would cast the fp32 parameters (adapters, heads) to bf16 too
                   "bf16": {"enabled": False}, "fp16": {"enabled": False}, "steps_per_print": 1 << 30}
         # ZeRO swaps this optimizer's param groups for its flat fp32 partitions (the group dicts stay, so the
         # LR schedule below still sets their lr); its state is then this rank's partition of the moments,
         # which is exactly what a resume has to bring back
-        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        # one param group per dtype: ZeRO flattens each group into one buffer, whose dtype would otherwise be
+        # forced on all of it (a bf16 backbone beside its fp32 head would turn fp32)
+        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        for p in params:
+            by_dtype.setdefault(p.dtype, []).append(p)
+        self.optimizer = torch.optim.AdamW([{"params": group} for group in by_dtype.values()], lr=lr,
+                                           weight_decay=weight_decay)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=config,
                                                     model_parameters=params)
         self.scheduler = _schedule(self.optimizer, lr_lambda)  # stepped here, not by the engine
@@ -137,6 +212,20 @@ class DeepSpeedUpdater:
 
         return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=modifier_rank)
 
+    @contextlib.contextmanager
+    def optimizer_view(self):
+        """The optimizer with its param groups holding the fp32 partitions it steps, for saving and loading its
+        state (torch keys the moments by them): ZeRO-3 puts them there only for the length of its step."""
+        zero = self.engine.optimizer
+        if self.zero_stage < 3:
+            yield self.optimizer
+            return
+        zero._set_fp32_optimizer_param_groups()
+        try:
+            yield self.optimizer
+        finally:
+            zero._clear_fp32_optimizer_param_groups()
+
     def to(self, device: torch.device) -> None:
         """No-op: the engine owns the placement of its flat buffers, so a DeepSpeed model is never offloaded."""
 
@@ -148,9 +237,18 @@ class DeepSpeedUpdater:
         # ZeRO-3: every rank loads the same file; on leaving the context rank 0's values are re-partitioned
         with self.gathered(modifier_rank=0), torch.no_grad():
             self.model.load_state_dict(state)
-        # the fp32 master partitions the optimizer steps on are separate copies of the weights; training
-        # is fp32 here, so refreshing them from the loaded weights is exact
+        # the fp32 master partitions the optimizer steps on are separate copies of the weights: refreshed from
+        # fp32 weights they are exact; from bf16 ones they are rounded, and a resume then restores the saved
+        # partitions (master_weights, state.OptimizerState)
         self.engine.optimizer.refresh_fp32_params()
+
+    def master_weights(self) -> list[torch.Tensor]:
+        """This rank's fp32 partitions that ZeRO steps in place of bf16 weights (none when the weights are
+        fp32: the partitions are then exact copies of them)."""
+        if not any(_low_precision(p) for p in self.params):
+            return []
+        zero = self.engine.optimizer
+        return list(zero.single_partition_of_fp32_groups if self.zero_stage < 3 else zero.fp32_partitioned_groups_flat)
 
 
 def make_updater(backend: str, model, params, lr: float, zero_stage: int, device: torch.device | None = None, *,

@@ -320,6 +320,6 @@ def test_bfloat16_weights_and_autocast_forwards(tmp_path, tiny_world):
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(x)) for x in logs)
     assert len(seen) > 1 and all(s == (bf16_native("cpu"), torch.bfloat16) for s in seen[1:])
     disc = load_discriminator(folder, from_student=True, dtype="bfloat16")
-    assert disc.head.weight.dtype == torch.bfloat16
+    assert disc.head.weight.dtype == torch.float32  # the head stays fp32 on a bf16 backbone
     with torch.no_grad():
-        assert disc(**processor.encode_pairs([train[0].question], [train[0].image], ["1"])).dtype == torch.bfloat16
+        assert disc(**processor.encode_pairs([train[0].question], [train[0].image], ["1"])).dtype == torch.float32
