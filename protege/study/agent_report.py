@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from protege.stages.games import GAMES
 from protege.study import preconditions as pre
+from protege.study.cells import preconditions_section, verdict_cell
 from protege.study.curves import figures_with_data, mean_curves
+from protege.study.outcomes import AGENT_MODELS, game_summary
 from protege.study.spec import GAME_METRICS, LOWER_IS_BETTER, Study, describe
 from protege.study.stats import Part, Run, paired_difference, summarize, verdict
 
@@ -93,14 +95,10 @@ def game_parts(evaluation: dict, metric: str) -> Run:
 
 
 def _point(model: str) -> str:
-    from protege.study.runner import AGENT_MODELS
-
     return AGENT_MODELS.get(model, model)
 
 
 def _summary(result: dict) -> dict:
-    from protege.study.runner import game_summary
-
     return game_summary(result) or {}
 
 
@@ -218,8 +216,6 @@ def _c(t: dict, key: str, scale: float, digits: int) -> str:
 
 def agent_markdown(report: dict) -> str:
     """The markdown of a game study's report (agent or tool)."""
-    from protege.study.report import preconditions_section, verdict_cell
-
     game = report.get("task", "agent")
     view, layout = VIEWS[game], GAMES[game]
     end, base, what = report["end"], report["baseline"], layout.what
@@ -238,7 +234,7 @@ def agent_markdown(report: dict) -> str:
          f"{base}) are paired by seed and {what[:-1]}. {view.units}"),
         "",
     ]
-    head, cells = ["variant"], []
+    head = ["variant"]
     for metric, point in view.columns:
         m = METRICS[metric]
         head.append(f"Δ {m.name} vs {base}" if point == "delta" else f"{m.name} {point}")

@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 from protege.study import preconditions as pre
+from protege.study.cells import preconditions_section, verdict_cell
 from protege.study.curves import draw, figure_path, figures_with_data, mean_curves
+from protege.study.outcomes import model_result
 from protege.study.spec import GAME_TASKS, Study, describe
 from protege.study.stats import Part, Run, paired_difference, summarize, verdict
 
@@ -28,8 +30,6 @@ def metric_parts(model_result: dict, metric: str) -> Run:
 
 def _runs_of(study: Study, results: dict[str, dict], variant: str, model: str, metric: str
              ) -> tuple[list[Run], list[int]]:
-    from protege.study.runner import model_result
-
     runs, seeds = [], []
     for seed in study.seeds:
         r = results.get(f"{variant}/seed-{seed}")
@@ -101,8 +101,6 @@ def build_report(study: Study, results: dict[str, dict], failed: list[str]) -> d
         r = results.get(run.key)
         row = {"key": run.key, "variant": run.variant, "seed": run.seed, "train": run.train, "finished": r is not None}
         if r is not None:
-            from protege.study.runner import model_result
-
             m = model_result(r, study.model)
             row.update({"world_test": 100 * m["world_test"]["accuracy"], "benchmark_average": m["average"],
                         "seconds": r.get("seconds"), "mlflow_run_id": r.get("mlflow_run_id")})
@@ -203,29 +201,6 @@ def markdown(report: dict) -> str:
     if report["failed"]:
         lines += ["", f"Failed in this invocation: {', '.join(report['failed'])} (re-run the study to retry them)."]
     return "\n".join(lines) + "\n"
-
-
-def verdict_cell(c: dict, evaluated: list[dict]) -> str:
-    """**verdict**, or **precondition not met** with what the unmet precondition measured."""
-    if c["verdict"] == pre.PRECONDITION_NOT_MET:
-        return f"**{c['verdict']}** ({pre.unmet_detail(c, evaluated)})"
-    return f"**{c['verdict']}**" + (" (the opposite holds)" if c["verdict"] == "not reproduced" else "")
-
-
-def preconditions_section(report: dict, figures: dict[str, str] | None = None, level: str = "##") -> list[str]:
-    """The preconditions table and the training curves' pictures (`figures`: figure -> its file, relative to
-    the markdown; by default the part report's own, beside it)."""
-    lines = []
-    if report.get("preconditions"):
-        lines += ["", f"{level} Preconditions", "",
-                  "Measured on each finished seed of the variant before any claim that requires them is judged; a "
-                  "claim whose preconditions are not met says so instead of a verdict.", "",
-                  *pre.markdown_table(report["preconditions"])]
-    if figures is None:
-        figures = {key: figure_path(Path(f"{report['study']}.md"), key).name for key in report.get("figures", [])}
-    for key, name in figures.items():
-        lines += ["", f"![{key} curves of `{report['study']}`]({name})"]
-    return lines
 
 
 def write_figures(report: dict, md: Path) -> list[Path]:

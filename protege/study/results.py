@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from protege.study import preconditions as pre
+from protege.study.cells import preconditions_section, verdict_cell
 from protege.study.spec import GAME_TASKS, Suite
 
 QA_METRICS = ("world_test", "benchmark_average")
@@ -38,8 +39,6 @@ def _fmt(s: dict | None, digits: int, signed: bool = False) -> str:
 
 
 def _claim_row(part: str, task: str, c: dict, evaluated: list[dict] | None = None) -> str:
-    from protege.study.report import verdict_cell
-
     digits = _digits(task, c["metric"])
     relation = ">=" if c.get("margin") else ">"
     what = f"{c['name']} (`{c['better']}` {relation} `{c['than']}`" + (f", margin {c['margin']:g})" if c.get("margin")
@@ -180,8 +179,6 @@ def suite_markdown(suite: Suite, reports: dict[str | None, dict | None]) -> str:
         for c in unreproduced:
             if reading := _reading(report, c):
                 lines += ["", f"{c['name']}: {c['verdict']}. Measured: {reading}."]
-        from protege.study.report import preconditions_section
-
         part = study.part or study.name
         lines += preconditions_section(report, {key: suite_figure(suite, part, key).name
                                                 for key in report.get("figures", [])}, level="###")

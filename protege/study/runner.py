@@ -61,6 +61,7 @@ from protege.paths import (
 )
 from protege.stages.games import GAMES
 from protege.study import estimate, warm_starts
+from protege.study.outcomes import model_result
 from protege.study.spec import GAME_TASKS, RunSpec, Study, Suite, load_study
 
 RESULT = "result.json"
@@ -76,7 +77,6 @@ UPSTREAM = (WORLD, IMPORTED, MINI_BENCHMARKS, CURATED, TEACHER_ANSWERS, SFT_MODE
 # upstream that feeds one task's studies only: rebuilding it leaves the other studies' finished runs finished
 # (models/agent_sft was fingerprinted by every study before and stays so)
 TASK_UPSTREAM = {TOOL_SFT_MODEL: "tool"}
-AGENT_MODELS = {"rl_final": "end", "merged": "merged_teacher"}  # a game study's `model` -> its evaluation
 
 
 class RunFailed(UserFacingError):
@@ -357,19 +357,6 @@ def run_upstream_metrics(study: Study, run: RunSpec) -> dict[str, dict]:
     """The upstream figures of the warm start `run` plays from: its study's own (warm_start_seeds), or the
     project's."""
     return upstream_metrics(warm_starts.root(study, run.warm_seed))
-
-
-def game_summary(result: dict) -> dict | None:
-    """A game run's summary (the agent_rl recipe's), kept under the game's name ("agent", "tool")."""
-    return next((result[g] for g in GAME_TASKS if g in result), None)
-
-
-def model_result(result: dict, model: str) -> dict:
-    """A run's results for `model` (rl_final | merged); a run without RL has only the SFT checkpoint's.
-    A game run's are its evaluations: `end` (rl_final), `merged_teacher` (merged), `start` (the warm start)."""
-    if (summary := game_summary(result)) is not None:
-        return summary.get(AGENT_MODELS[model]) or summary["start"]
-    return result["models"].get(model) or result["models"]["sft"]
 
 
 def cleanup(study: Study, folder: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from protege.errors import UserFacingError
+from protege.teachers.digest import weights_digest
 from protege.world.teachers import behaviour_digest, scripted_answer
 
 
@@ -129,8 +130,6 @@ class TransformersTeacher:
 
         self.model, self.processor = load_student(self.model_path)
         if not self.revision:  # the weights' hash: a retrained checkpoint is a new teacher revision
-            from protege.teachers.cache import weights_digest
-
             self.revision = weights_digest(self.model_path)
 
     def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
@@ -185,8 +184,6 @@ class VLLMTeacher:
 
         require_vllm()
         if not self.revision:  # the weights' hash, not the path: retrained weights at one path are asked anew
-            from protege.teachers.cache import weights_digest
-
             self.revision = weights_digest(self.model_path)
 
     def _engine(self, requests: list[TeacherRequest]):

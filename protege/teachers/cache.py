@@ -52,18 +52,6 @@ def cache_key(teacher: str, revision: str, prompt: str, image_hashes: Iterable[s
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def weights_digest(folder: str | Path) -> str:
-    """What decides a local model's answers: the bytes of every file of its folder (weights, configs,
-    tokenizer, chat template). Retrained weights at the same path are a new revision, so they are asked
-    again."""
-    folder = Path(folder)
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    if not any(p.suffix == ".safetensors" for p in files):
-        raise UserFacingError(f"{folder}: no *.safetensors weights; a model teacher needs a local checkpoint folder")
-    parts = [(p.name, file_sha256(p)) for p in files]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
-
-
 def _content_digest(df: pd.DataFrame) -> str:
     """A digest of a shard's answers, stored inside the shard: the cache adopts a shard without an index
     entry only if it carries this and its rows still match it."""

@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from protege.teachers.backends import TeacherRequest
-from protege.teachers.cache import COLUMNS, TeacherCache, cache_key, weights_digest
+from protege.teachers.cache import COLUMNS, TeacherCache, cache_key
+from protege.teachers.digest import weights_digest
 from tests.unit.test_teacher_cache import Counting
 
 

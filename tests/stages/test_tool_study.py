@@ -186,7 +186,7 @@ def _evaluation(errors: list[int], success: list[bool]) -> dict:
 def test_fewer_runtime_errors_reproduces_the_claim(bare_project):
     """A variant with fewer runtime errors (and more right answers) than the baseline reproduces both claims."""
     from protege.study.report import build_report, markdown
-    from protege.study.runner import model_result
+    from protege.study.outcomes import model_result
     from protege.study.spec import load_study
 
     study = load_study(bare_project / "study.yaml", bare_project)
