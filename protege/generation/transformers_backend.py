@@ -104,8 +104,10 @@ def complete(model, processor: StudentProcessor, batch: dict[str, torch.Tensor],
     through here."""
     if isinstance(model, torch.nn.Module):
         return sample(model, processor, batch, sampling, num_return_sequences)
-    prompt_ids = processor.engine_prompt_ids(questions, images) if questions is not None else None
-    return model.sample(processor, batch, images, sampling, num_return_sequences, prompt_ids=prompt_ids)
+    if questions is None:  # an engine that needs unexpanded prompts refuses images without them
+        return model.sample(processor, batch, images, sampling, num_return_sequences)
+    return model.sample(processor, batch, images, sampling, num_return_sequences,
+                        prompt_ids=processor.engine_prompt_ids(questions, images))
 
 
 def generate_answers(model, processor: StudentProcessor, questions: list[str], images: list[Image.Image],
