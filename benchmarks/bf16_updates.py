@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import random
 import sys
 import time
 from pathlib import Path
@@ -24,20 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def world_student():
-    from protege.config import ModelConfig
-    from protege.models.processor import StudentProcessor
-    from protege.models.student import build_student
-    from protege.models.tokenizer import train_tokenizer
-    from protege.world.questions import make_item
-    from protege.world.teachers import all_templates
-
-    rng = random.Random(0)
-    items = [make_item(rng, 64) for _ in range(200)]
-    texts = [i.question for i in items] + [i.answer for i in items] + all_templates() * 5
-    processor = StudentProcessor.create(train_tokenizer(texts, 512), 64, 8, 2)
-    return build_student(ModelConfig(), processor, seed=0), processor, items
+from lora_memory import world_student  # noqa: E402  (the tiny world's student, as the LoRA benchmark builds it)
 
 
 class PlainAdamW:
@@ -87,7 +73,8 @@ def main() -> None:
     from protege.models.precision import bf16_native
 
     torch.manual_seed(0)
-    student, processor, items = world_student()
+    build, processor, items = world_student()
+    student = build()
     start = student.to(torch.bfloat16).float()  # one start every run holds exactly, bf16 or fp32
     batches = []
     for s in range(args.steps):

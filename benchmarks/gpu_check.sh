@@ -65,38 +65,9 @@ mkdir -p "$LOGS" && : >"$LOGS/parts"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 VLLM_NO_USAGE_STATS=1 TOKENIZERS_PARALLELISM=false
 export PYTHONUNBUFFERED=1
 
-fail() {  # the environment itself is wrong: nothing after this could run
-    echo "gpu_check: FAILED: $*" >&2
-    exit 1
-}
-
-want() { [ -z "$WANTED" ] || [[ ",$WANTED," == *",$1,"* ]]; }
-
-skip_part() {  # NAME WHY
-    echo "$1" >>"$LOGS/parts"
-    echo "skipped $2" >"$LOGS/$1.status"
-    echo "gpu_check: $1 skipped: $2"
-}
-
-run_part() {  # NAME LIMIT_S COMMAND...: its log, its last JSON line and its status go to $LOGS
-    local name=$1 limit=$2 rc=0
-    shift 2
-    want "$name" || { skip_part "$name" "(not in --parts)"; return 0; }
-    echo "$name" >>"$LOGS/parts"
-    echo "gpu_check: $name (at most $limit s) ..."
-    timeout --kill-after=30 "$limit" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
-    { grep '^{' "$LOGS/$name.log" || true; } | tail -n 1 >"$LOGS/$name.json"
-    case $rc in
-        0) echo ok ;;
-        124 | 137) echo "timeout after $limit s" ;;
-        *) echo "failed, exit status $rc" ;;
-    esac >"$LOGS/$name.status"
-    if [ "$rc" -ne 0 ]; then
-        tail -n 30 "$LOGS/$name.log" >&2
-        echo "gpu_check: $name FAILED ($(cat "$LOGS/$name.status"); whole log $LOGS/$name.log)" >&2
-    fi
-    return 0
-}
+TAG=gpu_check
+# fail, want, skip_part, run_part
+source benchmarks/gpu_parts.sh
 
 part_ok() { [ "$(cat "$LOGS/$1.status" 2>/dev/null)" = ok ]; }
 

