@@ -265,12 +265,12 @@ def test_cosine_schedule_anneals_the_rate_and_its_step_count_joins_the_fingerpri
 
 
 def test_ppo_takes_its_epochs_and_learns_values(tiny_student, tiny_processor, tmp_path, monkeypatch):
-    from protege.rl import agent_loop
+    from protege.rl import session
     from protege.rl.agent_loop import run_agent_rl as run
 
     clips = []  # the gradient clip the loop's updater is built with (the real updater, recorded)
-    real = agent_loop.make_updater
-    monkeypatch.setattr(agent_loop, "make_updater", lambda *a, **kw: clips.append(kw["clip"]) or real(*a, **kw))
+    real = session.make_updater
+    monkeypatch.setattr(session, "make_updater", lambda *a, **kw: clips.append(kw["clip"]) or real(*a, **kw))
 
     base = tiny_cfg()
     cfg = base.model_copy(update={"rl": base.rl.model_copy(update={"algorithm": "ppo", "steps": 2,

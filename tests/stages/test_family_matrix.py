@@ -254,7 +254,7 @@ def test_lora_agent_rl_with_a_merged_teacher(family, tmp_path):
     logs = []
     saved = run_agent_rl(policy, processor, agent, 64, tmp_path / "agent", seed=0, on_log=lambda s, m: logs.append(m),
                          new_env=VarietyEnv)  # rewards that differ within a group: the update is not zero
-    assert logs[0]["kl_ref"] == 0.0 and torch.isfinite(torch.tensor(logs[0]["loss"]))
+    assert logs[0]["kl"] == 0.0 and torch.isfinite(torch.tensor(logs[0]["loss"]))
     changed = moved(before, policy)
     assert changed and all(".lora_" in k for k in changed), sorted(changed)[:5]
     teacher = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "agent" / "merged-teacher"),

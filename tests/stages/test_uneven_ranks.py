@@ -1,6 +1,7 @@
 """8 questions on 3 ranks (3/3/2): the question loop's policy update, with the ranks' gradients averaged as
-DeepSpeed averages them, is the gradient one process takes of all 8. Three real gloo processes run
-`backward_policy_loss` on their share of the same batch through the tiny student."""
+DeepSpeed averages them, is the gradient one process takes of all 8. Three real gloo processes run the clipped
+surrogate's micro-batch losses (`UpdateBatch.of` sets the loss's row normaliser) on their share of the same batch
+through the tiny student."""
 import os
 
 import pytest
@@ -18,7 +19,9 @@ ADVANTAGES = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.75, 0.5, -0.25, -0.75])  # [
 def _gradient(student_dir: str, algorithm: str, rows: list[int]) -> torch.Tensor:
     """The flat gradient of this process's share of the policy loss of `rows` (two micro-batches)."""
     from protege.models.student import load_student
-    from protege.rl.policy_update import backward_policy_loss
+    from protege.rl.objectives.base import Advantage, UpdateBatch
+    from protege.rl.objectives.clipped import ClippedSurrogate
+    from protege.rl.sample import Sample
     from protege.rollout.trajectory import answer_trajectory
 
     torch.manual_seed(0)
@@ -28,13 +31,12 @@ def _gradient(student_dir: str, algorithm: str, rows: list[int]) -> torch.Tensor
     half = (traj.n + 1) // 2
     parts = [traj.select(range(half), processor), traj.select(range(half, traj.n), processor)]
 
-    class Backward:  # what the updaters do with a share: add its gradient (the step is the test's)
-        def backward(self, loss):
-            loss.backward()
-
     cfg = RLConfig(algorithm=algorithm, kl_beta=0.04)
-    backward_policy_loss(policy, Backward(), traj, parts, [None, None], ADVANTAGES[rows], cfg, max_len=8,
-                         device=torch.device("cpu"))
+    sample = Sample(traj, parts, [slice(0, half), slice(half, traj.n)], traj.loss_mask.float(), max_len=8)
+    batch = UpdateBatch.of(sample, None, None, Advantage(ADVANTAGES[rows], ADVANTAGES[rows]), [None, None])
+    objective = ClippedSurrogate(cfg, policy, torch.device("cpu"))
+    for i in range(len(parts)):  # what the updaters do with a share: add its gradient (the step is the test's)
+        objective.loss(policy, i, batch)[0].backward()
     return torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel())
                       for p in policy.parameters()])
 

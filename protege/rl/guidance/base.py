@@ -1,7 +1,7 @@
 """A guidance term steers an RL loop beside its own reward: RIL's discriminator similarity, GTR-Turbo's merged
 teacher (a KL penalty on the reward, or a cross-entropy on the teacher's thoughts), GTPO's similarity shaping of
-failed episodes. Both loops (loop.py, the question loop; agent_loop.py, the multi-turn loop) call every hook of
-every term at the same points, in the order the terms are listed; the defaults do nothing:
+failed episodes. The step both loops share (rl/step.py) calls every hook of every term at the same points, in
+the order the terms are listed; the defaults do nothing (and a hook no term has takes no ZeRO-3 gather):
 
 - `resumed` once, when a run resumes from a saved state, after the loop restored the terms' `parts`;
 - each step: `shape` the step's rewards and returns before the estimator sees them; `loss` once, after the

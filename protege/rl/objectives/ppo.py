@@ -1,0 +1,52 @@
+"""PPO over turns (GTR-Turbo's base, as RL4VLM): a value head on the policy's last hidden state, trained beside
+it by the same optimizer towards GAE's targets; `ppo.epochs` passes per step at `ppo.clip_eps`, each micro-batch's
+loss the clipped surrogate + value_coef * the value loss. The head, its state part, pi_old's values, the targets
+and the value loss live here; the tensor functions in rl/ppo.py."""
+from __future__ import annotations
+
+import torch
+
+from protege.rl.objectives.base import Old, UpdateBatch, part_of
+from protege.rl.objectives.clipped import ClippedSurrogate
+from protege.rl.ppo import ValueHead, gae, scored_with_values, turn_values, value_loss
+from protege.runtime.state import Weights
+
+
+class PPOWithValueHead(ClippedSurrogate):
+    needs_old = True  # V of each turn when the episodes were played
+    stats = ("kl", "clip_fraction", "value_loss")
+
+    def __init__(self, cfg, policy, device, **kw):
+        super().__init__(cfg, policy, device, **kw)
+        # its zero init still draws from torch's generator: made before anything else that does
+        self.head = ValueHead(policy.config.get_text_config().hidden_size).to(device)
+        self.ppo = cfg.ppo
+        self.epochs, self.clip_eps, self.max_grad_norm = cfg.ppo.epochs, cfg.ppo.clip_eps, cfg.ppo.max_grad_norm
+        self.parts = {"value_head": Weights(self.head)}
+        self.temperature = 1.0  # the ratio's
+
+    def parameters(self):
+        return list(self.head.parameters())
+
+    def score_old(self, policy, sample):
+        scored = [scored_with_values(policy, self.head, part) for part in sample.parts]
+        values = turn_values(torch.cat([v for _, _, v in scored]).cpu(), sample.batch, *sample.shape)
+        return Old(torch.cat([lp for lp, _, _ in scored]), torch.cat([h for _, h, _ in scored]), values)
+
+    def prepare(self, batch: UpdateBatch) -> None:
+        returns, values = batch.returns, batch.old.values
+        _, targets = gae(returns.turn, values, returns.valid, self.ppo.gamma, self.ppo.lam)  # [E, T] V's targets
+        if returns.after is not None:  # a term on the returns after estimation moves the targets too
+            targets = targets + returns.after * returns.valid
+        batch.prepared.update(targets=targets.to(self.device), turns=float(returns.valid.sum()),
+                              values_old=values.to(self.device), valid=returns.valid.to(self.device))
+
+    def loss(self, policy, i, batch: UpdateBatch):
+        part, p = part_of(batch, i)[0], batch.prepared
+        logp, _, v_tok = scored_with_values(policy, self.head, part, temperature=self.temperature)
+        share, stats = self.policy_term(logp, i, batch)
+        v_part, held = turn_values(v_tok, part, *batch.sample.shape, with_found=True)
+        v_share = value_loss(v_part, p["targets"], p["valid"] & held, turns=p["turns"], old=p["values_old"],
+                             clip=self.ppo.value_clip)
+        stats["value_loss"] = float(v_share.detach())
+        return share + self.ppo.value_coef * v_share, stats

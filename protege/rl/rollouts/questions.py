@@ -1,0 +1,193 @@
+"""The question loop's rollout (grpo, dr_grpo, ril): each step `questions_per_step` questions in an epoch-wise
+shuffled order, G samples each from pi_old (the policy, or a vLLM engine serving its weights), for RIL also G
+cached teacher answers drawn across the chosen teachers; reward = the judge's correctness (RIL's discriminator
+similarity joins it as a guidance term); one advantage per answer."""
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from protege.data.rows import Row
+from protege.errors import UserFacingError
+from protege.generation.transformers_backend import Completions, Sampling, complete
+from protege.rewards.judge import rule_judge
+from protege.rl.estimators import Returns
+from protege.rl.guidance.base import QuestionStep
+from protege.rl.objectives.base import Advantage
+from protege.rl.rollouts.base import Rollout
+from protege.rl.sample import EngineLogprobs, Sample
+from protege.rollout.group import build_group
+from protege.rollout.trajectory import from_completions
+from protege.runtime.distributed import world
+from protege.runtime.micro import micro_batches
+from protege.runtime.placement import to_device
+from protege.runtime.run import next_rows
+
+
+@dataclass
+class QuestionSample(Sample):
+    questions: list[Row] = field(default_factory=list)   # this rank's, in group order
+    student: Completions | None = None                     # G per question
+    teacher_texts: list[list[str]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)         # every answer of the group, in row order
+    per_question: int = 0                                  # G, or 2G with the teachers' answers in the group
+    is_teacher: torch.Tensor | None = None                 # [rows] the teachers' answers inside the group
+    answer: torch.Tensor | None = None                     # [rows] the judge's score of each answer
+
+
+def teacher_draw(answers: list[tuple[str, str]], cfg, G: int, rng: random.Random) -> list[str]:
+    pool = [text for teacher, text in answers if cfg.teachers == "both" or teacher == cfg.teachers]
+    if not pool:
+        return []
+    return rng.sample(pool, G) if len(pool) >= G else [rng.choice(pool) for _ in range(G)]
+
+
+def eval_due(step: int, cfg) -> bool:
+    """Learning-curve points: step 0 (before any update), every eval_every steps, the last step."""
+    return cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps)
+
+
+def engine_logprobs(student: Completions, is_teacher: torch.Tensor, mask: torch.Tensor, cap: float):
+    """The engine's log-prob of each token it sampled (student rows), for its importance weights; a NaN / -inf
+    one gets no weight and is counted."""
+    logp = torch.zeros(mask.shape)
+    logp[~is_teacher, :student.logprobs.shape[1]] = student.logprobs.float().cpu()
+    sampled = mask.cpu() * (~is_teacher).float().unsqueeze(1)
+    nonfinite = 0.0
+    if student.logprobs_finite is not None:
+        finite = torch.ones(mask.shape, dtype=torch.bool)
+        finite[~is_teacher, :student.logprobs_finite.shape[1]] = student.logprobs_finite.cpu()
+        nonfinite = float((sampled * (~finite).float()).sum())
+        sampled = sampled * finite.float()
+    return EngineLogprobs(logp, sampled, cap, nonfinite)
+
+
+class Questions(Rollout):
+    def __init__(self, cfg, inputs, processor, engine_factory: Callable):
+        rank, world_size = world()
+        if cfg.questions_per_step < world_size:
+            raise UserFacingError(f"rl.questions_per_step ({cfg.questions_per_step}) must be at least the number of "
+                                  f"processes ({world_size})")
+        self.ril = cfg.algorithm == "ril"
+        if self.ril and inputs.discriminator is None:
+            raise UserFacingError("rl.algorithm 'ril' needs a pretrained discriminator (run disc_pretrain first)")
+        self.cfg, self.inputs, self.processor, self.engine_factory = cfg, inputs, processor, engine_factory
+        self.with_teachers = self.ril and cfg.teacher_in_group
+        self.rows, self.skipped = self._usable(inputs.rows)
+        tok = processor.tokenizer
+        longest_teacher = max((len(tok(t, add_special_tokens=False)["input_ids"]) + 1
+                               for a in inputs.teacher_answers.values() for _, t in a), default=0)
+        self.max_len = max(cfg.max_new_tokens, longest_teacher if self.with_teachers else 0)
+        self.sampling = Sampling(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                                 repetition_penalty=cfg.repetition_penalty, max_new_tokens=cfg.max_new_tokens)
+        self.order: list[int] = []
+        self.engine = None
+
+    def _usable(self, rows: list[Row]) -> tuple[list[Row], int]:
+        """RIL: questions with no answer from the chosen teachers cannot form a group (skipped, up to a share)."""
+        cfg = self.cfg
+        if self.ril:
+            usable = [r for r in rows
+                      if teacher_draw(self.inputs.teacher_answers.get(r.id, []), cfg, 1, random.Random(0))]
+            missing = len(rows) - len(usable)
+            if missing and missing / len(rows) > cfg.max_missing_fraction:
+                raise UserFacingError(f"{missing} of {len(rows)} questions have no cached answer from teachers="
+                                      f"'{cfg.teachers}' (more than rl.max_missing_fraction={cfg.max_missing_fraction})")
+            rows = usable
+        if not rows:
+            raise UserFacingError("no questions to train on")
+        return rows, len(self.inputs.rows) - len(rows)
+
+    def start(self, s) -> None:
+        self.order = s.cursor.get("order", [])
+        self.engine = self.engine_factory(self.cfg, s.policy, self.processor, s.updater, s.seed, s.rank, s.world_size,
+                                          s.start, self.inputs.max_prompt_tokens, self.rows)
+
+    def sample(self, s, step: int) -> QuestionSample:
+        cfg, G, processor = self.cfg, self.cfg.group_size, self.processor
+        idx, self.order = next_rows(self.order, len(self.rows), cfg.questions_per_step, s.rng)
+        questions = [self.rows[i] for i in idx]
+        # every rank draws for the whole step (same RNG use everywhere), then keeps its share of questions
+        teacher_texts = [teacher_draw(self.inputs.teacher_answers.get(r.id, []), cfg, G, s.rng) if self.ril else []
+                         for r in questions]
+        questions, teacher_texts = questions[s.rank::s.world_size], teacher_texts[s.rank::s.world_size]
+        images = [r.image for r in questions]
+        prompts = to_device(processor.encode_prompts([r.question for r in questions], images), s.device)
+        t0 = time.perf_counter()
+        with s.updater.gathered():
+            student = complete(self.engine, processor, prompts, images, self.sampling, G,
+                               questions=[r.question for r in questions])
+        rollout_s = time.perf_counter() - t0
+        if callable(getattr(self.engine, "sleep", None)):
+            self.engine.sleep()  # a vLLM engine's memory goes to the update; taken back before the next rollout
+        group, is_teacher, texts = build_group(student, prompts["input_ids"],
+                                               teacher_texts if self.with_teachers else [[] for _ in questions],
+                                               processor, G)
+        per_q = group.sequences.shape[0] // len(questions)
+        traj = from_completions(group, processor.repeat_rows(prompts, images, per_q), processor, is_teacher,
+                                images=[im for im in images for _ in range(per_q)])
+        spans = micro_batches(traj.n, traj.width, s.tokens_per_forward)
+        mask = traj.loss_mask.float()  # [B, L] student and teacher answer tokens
+        engine = (engine_logprobs(student, is_teacher, mask, cfg.tis_cap)
+                  if student.logprobs is not None and cfg.rollout_correction == "tis" else None)
+        return QuestionSample(traj, [traj.select(r, processor) if len(r) < traj.n else traj for r in spans],
+                              [slice(r.start, r.stop) for r in spans], mask, self.max_len, rollout_s, engine=engine,
+                              questions=questions, student=student, teacher_texts=teacher_texts, texts=texts,
+                              per_question=per_q, is_teacher=is_teacher)
+
+    def rewards(self, s, sample: QuestionSample, old) -> Returns:
+        owners = [sample.questions[i // sample.per_question] for i in range(len(sample.texts))]
+        if self.inputs.judge is None:
+            answer = [rule_judge(r.answer, t, r.candidates) for r, t in zip(owners, sample.texts)]
+        else:
+            answer = self.inputs.judge([r.question for r in owners], [r.answer for r in owners], sample.texts)
+        sample.answer = torch.tensor(answer)
+        sample.view = QuestionStep(sample.questions, sample.student.texts, sample.teacher_texts,
+                                   sample.is_teacher, sample.metrics, s.policy, s.device, s.tokens_per_forward,
+                                   batch=sample.batch, parts=sample.parts)
+        return Returns.single_turn(sample.answer, sample.per_question)
+
+    def spread(self, s, sample, adv: torch.Tensor) -> Advantage:
+        return Advantage(adv.flatten(), adv)  # [B]: one-turn episodes, one advantage per answer
+
+    def after_update(self, s) -> None:
+        if self.engine is not s.policy:  # the engine samples the next step: it wakes and gets the updated weights
+            with s.updater.gathered():
+                self.engine.sync_weights(s.policy)
+
+    def curve_due(self, s, step: int) -> bool:
+        return self.inputs.evaluator is not None and eval_due(step, self.cfg)
+
+    def curve_point(self, s, step: int) -> dict[str, float]:
+        with s.updater.gathered():  # whole weights under ZeRO-3 (collective); one process evaluates
+            if s.rank == 0:
+                self.inputs.evaluator(step, s.policy)
+        return {}
+
+    def cursor(self) -> dict:
+        return {"order": self.order}
+
+    def metrics(self, s, sample: QuestionSample, returns, adv, old, totals, seconds) -> dict[str, float]:
+        mask, answer, teacher = sample.mask.cpu(), sample.answer, sample.batch.is_teacher
+        n_tok = float(mask.sum())
+        m = {"reward": returns.episode[~teacher].mean().item(), "answer_reward_student": answer[~teacher].mean().item(),
+             "response_length": float(mask[~teacher].sum() / max(int((~teacher).sum()), 1)),
+             "advantage_mean": adv.tokens.mean().item(), "advantage_std": adv.tokens.std().item(),
+             "samples_per_s": mask.shape[0] / seconds, "tokens_per_s": n_tok / seconds,
+             "rollout_tokens_per_s": float(sample.student.completion_mask.sum()) / sample.rollout_s,
+             "skipped_questions": float(self.skipped)}
+        if teacher.any():
+            m["answer_reward_teacher"] = answer[teacher].mean().item()
+        if sample.engine is not None:  # how far the engine's distribution is from the policy's
+            n_sampled = max(float(sample.engine.sampled.sum()), 1.0)
+            m.update(tis_weight_mean=totals["is_sum"] / n_sampled, tis_capped_fraction=totals["is_capped"] / n_sampled,
+                     rollout_logp_gap=totals["lp_gap"] / n_sampled, rollout_logp_nonfinite=sample.engine.nonfinite)
+        return m
+
+    def close(self, s) -> None:
+        if self.engine is not s.policy:
+            self.engine.close()

@@ -1,0 +1,183 @@
+"""One RL step, shared by both loops, as its named phases:
+
+    sample      prompts (questions or fresh layouts) and samples from pi_old, packed into micro-batches
+    score_old   pi_old's log-probs, when a guidance term, a metric or the objective reads them before the update
+    rewards     the judge or the environment, shaped by the guidance terms (RIL's discriminator, GTPO's shaping,
+                GTR-Turbo's KL to the merged teacher)
+    advantages  the estimator's advantage per (episode, turn), spread per answer or per turn's tokens
+    update      the objective's passes over the micro-batches, one optimizer step each, guidance losses in the
+                first; a non-finite loss stops the run naming the step and the last good checkpoint
+    after       guidance terms follow the new weights; a rollout engine takes them
+    evaluate    the learning curve's point, before the save (a resumed run never misses one), under fork_rng
+    save        checkpoint and training state, every save_every steps
+    log         the step's figures, averaged over the ranks
+
+What differs between the loops lives in their rollout (rl/rollouts/); what differs between update rules in
+their objective (rl/objectives/); what a run sets up once in its session (rl/session.py).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from protege.models.student import save_student
+from protege.paths import checkpoint_dir
+from protege.rl.estimators import Returns
+from protege.rl.guidance.base import Guidance
+from protege.rl.objectives.base import Old, UpdateBatch
+from protege.rl.rollouts.base import Rollout
+from protege.rl.sample import Sample
+from protege.rl.session import Session
+from protege.rollout.reference import reference
+from protege.rollout.trajectory import token_logprobs
+from protege.runtime.distributed import barrier, check_ranks_agree, mean_over_ranks
+from protege.runtime.run import due
+
+
+def train(s: Session, rollout: Rollout) -> list[Path]:
+    """Runs the session's steps from where it resumed; returns the checkpoint folders written."""
+    rollout.start(s)
+    if s.start == 1:
+        evaluate(s, rollout, 0)  # the curve's first point, before any update
+    step = s.start - 1
+    for step in range(s.start, s.cfg.steps + 1):
+        rl_step(s, rollout, step)
+        if s.stop_after is not None and step >= s.stop_after:
+            break
+    finish(s, rollout, finished=step >= s.cfg.steps)
+    return s.saved
+
+
+def rl_step(s: Session, rollout: Rollout, step: int) -> None:
+    t0 = time.perf_counter()
+    sample = rollout.sample(s, step)
+    old = score_old(s, rollout, sample)
+    returns = shape_rewards(s, rollout.rewards(s, sample, old), sample.view)
+    adv = rollout.spread(s, sample, s.advantage(returns, s.cfg))
+    t_update = time.perf_counter()
+    batch = UpdateBatch.of(sample, old, returns, adv, reference_logprobs(s, sample))
+    totals = update(s, batch, step)
+    t_sync = time.perf_counter()
+    rollout.after_update(s)
+    seconds = time.perf_counter() - t0  # the step itself: the curve's evaluation and saves are not in it
+    timing = {"rollout_s": sample.rollout_s, "update_s": t_sync - t_update, "sync_s": time.perf_counter() - t_sync,
+              "step_s": seconds}
+    curve = evaluate(s, rollout, step)
+    save(s, step, rollout.cursor())
+    if s.on_log is not None or s.world_size > 1:  # averaging over ranks is collective
+        figures = {**sample.metrics, **rollout.metrics(s, sample, returns, adv, old, totals, seconds),
+                   **update_figures(s, batch, totals), **timing, **curve}
+        log(s, step, figures)
+
+
+def score_old(s: Session, rollout: Rollout, sample: Sample) -> Old | None:
+    """pi_old = the policy that sampled, scored once (no gradient). None when nothing reads it before the update
+    and the update takes one pass: its first forward's detached log-probs are pi_old's."""
+    if not (rollout.reads_old or s.objective.needs_old):
+        return None
+    with torch.no_grad():
+        return s.objective.score_old(s.policy, sample)
+
+
+def shape_rewards(s: Session, returns: Returns, view) -> Returns:
+    for term in s.guidance:  # in the order they are listed
+        returns = term.shape(view, returns)
+    return returns
+
+
+def reference_logprobs(s: Session, sample: Sample) -> list[torch.Tensor | None]:
+    """pi_ref's log-probs per micro-batch for the KL term (none without one: the forward would be wasted)."""
+    if s.cfg.kl_beta <= 0:
+        return [None] * len(sample.parts)
+    with torch.no_grad(), reference(s.policy, s.ref, s.device, s.offload_ref) as frozen:
+        return [token_logprobs(frozen, part) for part in sample.parts]
+
+
+def update(s: Session, batch: UpdateBatch, step: int) -> dict[str, float]:
+    """The objective's passes (PPO: ppo.epochs; else one), each micro-batch's loss backpropagated as its share
+    of the whole step's (across ranks) as it comes, one optimizer step per pass; the guidance terms' losses join
+    the first pass. Returns the last pass's sums (its loss includes the guidance losses when it is the first)."""
+    s.objective.prepare(batch)
+    for epoch in range(s.objective.epochs):
+        totals = dict.fromkeys(("loss", *s.objective.stats), 0.0)
+        for i in range(len(batch.sample.parts)):
+            share, stats = s.objective.loss(s.policy, i, batch)
+            totals["loss"] += backward(s, share, step, "loss")
+            for key, value in stats.items():
+                totals[key] += float(value)
+        for term in s.guidance if epoch == 0 else []:
+            for extra in term.loss(batch.sample.view):
+                totals["loss"] += backward(s, extra, step, "guidance loss")
+        totals["grad_norm"] = s.updater.step()  # before its clip
+        run_hooks(s, "after_epoch", batch.sample.metrics)
+    run_hooks(s, "after_update", batch.sample.metrics)  # the merged teacher merges the new weights in
+    return totals
+
+
+def backward(s: Session, share: torch.Tensor, step: int, what: str) -> float:
+    if not torch.isfinite(share):
+        last = s.saved[-1] if s.saved else "none (the starting model)"
+        raise FloatingPointError(f"{s.section} {what} is {share.item()} at step {step}; last good checkpoint: {last}")
+    s.updater.backward(share)
+    return float(share.detach())
+
+
+def run_hooks(s: Session, hook: str, metrics: dict[str, float]) -> None:
+    """A guidance hook on every term that has one, with the weights whole under ZeRO-3 (a collective gather,
+    taken only when some term has the hook)."""
+    terms = [t for t in s.guidance if getattr(type(t), hook) is not getattr(Guidance, hook)]
+    if terms:
+        with s.updater.gathered():
+            for term in terms:
+                getattr(term, hook)(s.policy, metrics)
+
+
+def evaluate(s: Session, rollout: Rollout, step: int) -> dict[str, float]:
+    """The curve's point on the weights after `step` updates. Greedy, and the RNG states are restored anyway:
+    a run with the curve on ends with the same weights as one with it off."""
+    if not rollout.curve_due(s, step):
+        return {}
+    with torch.random.fork_rng(devices=[] if s.device.type != "cuda" else None):
+        return rollout.curve_point(s, step)
+
+
+def save(s: Session, step: int, cursor: dict) -> None:
+    """A checkpoint (rank 0 writes) and the training state (collective) every save_every steps and at the last."""
+    if not due(step, s.cfg.save_every, s.cfg.steps):
+        return
+    s.saved.append(checkpoint_dir(s.out_dir, step))
+    with s.updater.gathered():
+        if s.rank == 0:
+            save_student(s.policy, s.processor, s.saved[-1])
+    s.run.save(step, cursor)
+
+
+def update_figures(s: Session, batch: UpdateBatch, totals: dict[str, float]) -> dict[str, float]:
+    n_tok, old = max(batch.tokens, 1.0), batch.old
+    figures = {"loss": totals["loss"], "kl": totals["kl"], "clip_fraction": totals["clip_fraction"],
+               "entropy": (float((old.entropy * batch.sample.mask).sum() / n_tok) if old is not None
+                           else totals["entropy_sum"] / n_tok),
+               "micro_batches": float(len(batch.sample.parts)), "grad_norm": float(totals["grad_norm"]),
+               "lr": s.updater.optimizer.param_groups[0]["lr"]}
+    if "value_loss" in totals:
+        figures["value_loss"] = totals["value_loss"]
+    return figures
+
+
+def log(s: Session, step: int, figures: dict[str, float]) -> None:
+    figures = mean_over_ranks(figures)  # each rank's share of the batch: the step's figures (collective)
+    if s.on_log is not None:
+        s.on_log(step, figures)
+
+
+def finish(s: Session, rollout: Rollout, finished: bool) -> None:
+    """Every rank's weights equal rank 0's; a finished run's guidance terms write what they keep."""
+    rollout.close(s)
+    with s.updater.gathered():
+        check_ranks_agree(s.policy, s.section)
+    if finished and s.rank == 0:
+        for term in s.guidance:
+            term.finish(s.out_dir, s.processor)
+    barrier()
