@@ -11,6 +11,7 @@ DVC; a test holds the committed dvc.yaml to the default params' rendering.
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 from protege.paths import IMPORTED, SPLITS, WORLD
@@ -383,7 +384,8 @@ def render(cfg) -> str:
             names = _params(pm.group(1), stage)
             if not names:
                 continue
-            line = f"    params: [{names}]{pm.group(2)}"
+            line = "\n".join(textwrap.wrap(f"    params: [{names}]{pm.group(2)}", 116, subsequent_indent=" " * 6,
+                                            break_long_words=False, break_on_hyphens=False))
         out.append(line)
     return "\n".join(out) + "\n"
 

@@ -7,7 +7,10 @@ Code: the stage module (`protege/stages/<name>.py`), what runs every stage (`pro
 imports inside functions. `protege/cli.py` is left out: its `stage` command only parses arguments and
 dispatches. Params: every `cfg.<section>.<key>` the stage module reads, and the functions it uses from
 other stage modules read (a section used whole, as in `c = cfg.rl`, means all of it). A setting config.py
-marks as changing nothing a stage writes (`threads`, `orchestration.jobs`, ...) is not a dependency.
+marks as changing nothing a stage writes (`threads`, `orchestration.jobs`, `rl.offload_idle`, ...) is not a
+dependency, inside a section used whole too: such a section is listed by its other settings. A stage that hands
+a section on whole but never reads part of it says so in a module-level literal, `NOT_READ = {"agent": ["rl"]}`
+(the warm starts leave their game's RL section to the RL stage), and those parts are not its dependencies.
 """
 from __future__ import annotations
 
@@ -134,7 +137,8 @@ def params_read(stage: str) -> set[str]:
     seen: set = set()
     for name, module in (_stage_imports(tree).items() if tree is not None else []):
         reads |= _function_reads(module, name, seen)
-    reads -= untracked_keys(Config)
+    untracked = untracked_keys(Config)
+    reads -= untracked
     fields = Config.model_fields
     out = set()
     for r in reads:
@@ -150,7 +154,41 @@ def params_read(stage: str) -> set[str]:
         else:
             out.add(section)
     # a key read from a section also used whole is covered by the section
-    return {r for r in out if "." not in r or r.split(".")[0] not in out}
+    out = {r for r in out if "." not in r or r.split(".")[0] not in out}
+    gone = untracked | _not_read(tree)
+    return {part for r in out for part in _tracked_parts(r, Config, gone)}
+
+
+def _not_read(tree: ast.Module | None) -> set[str]:
+    """The 'section.key' parts a stage module, or a stage module whose functions it uses, declares it never reads
+    (its module-level `NOT_READ = {"section": ["key", ...]}` literal)."""
+    modules = [tree] + [_stage_tree(m) for m in set(_stage_imports(tree).values())] if tree is not None else []
+    out = set()
+    for module in filter(None, modules):
+        for node in module.body:
+            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "NOT_READ"
+                                                     for t in node.targets)):
+                out |= {f"{section}.{key}" for section, keys in ast.literal_eval(node.value).items() for key in keys}
+    return out
+
+
+def _tracked_parts(name: str, root, gone: set[str]) -> list[str]:
+    """`name` ('section' or 'section.key') as DVC params: itself, or, when some setting under it is in `gone`
+    (changes nothing the stage writes, or is not read), its other settings, sub-sections split the same way."""
+    if not any(g.startswith(name + ".") for g in gone):
+        return [name]
+    model = root
+    for part in name.split("."):
+        model = model.model_fields[part].annotation
+    out = []
+    for key, field in model.model_fields.items():
+        dotted = f"{name}.{key}"
+        if dotted in gone:
+            continue
+        sub = field.annotation
+        is_section = isinstance(sub, type) and hasattr(sub, "model_fields")
+        out += _tracked_parts(dotted, root, gone) if is_section else [dotted]
+    return out
 
 
 def covered(path: str, deps: list[str]) -> bool:

@@ -14,6 +14,10 @@ from protege.stages.student_model import base_model_dir, load_model, log_start_m
 from protege.stages.games import GAMES
 from protege.train.agent_sft import train_agent_sft
 
+# a game section is handed to its warm start whole; its RL section and the final evaluation's settings are the RL
+# stage's, so changing them leaves the warm start up to date (protege/stage_deps.py reads this literal)
+NOT_READ = {"agent": ["rl", "eval_episodes", "eval_batch"], "tool": ["rl", "eval_episodes", "eval_batch"]}
+
 
 def _describe(g, image_size: int) -> str:
     if is_tool(g):

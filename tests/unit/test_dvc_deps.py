@@ -28,7 +28,9 @@ def test_the_analysis_sees_lazy_imports_and_config_reads():
             "protege/config.py"} <= files
     assert "protege/cli.py" not in files
     reads = stage_deps.params_read("rl")
-    assert {"rl", "seed", "evaluate.batch_size"} <= reads and "threads" not in reads
+    # rl is read whole: its settings are listed but those that change nothing the stage writes
+    assert {"rl.lr", "rl.w_sim", "seed", "evaluate.batch_size"} <= reads and "threads" not in reads
+    assert "rl" not in reads and "rl.offload_idle" not in reads and "rl.vllm_sleep" not in reads
 
 
 def test_an_undeclared_import_or_read_is_caught(tmp_path, monkeypatch):
@@ -102,3 +104,41 @@ def test_files_source_puts_a_data_stage_in_place_of_the_world(tmp_path):
         code = [str(d) for d in body.get("deps", []) if str(d).startswith("protege/")]
         assert not stage_deps.missing_code_deps(stage, code), stage
         assert not stage_deps.missing_params(stage, [str(p) for p in body.get("params", [])]), stage
+
+
+def covers(param: str, setting: str) -> bool:
+    return setting == param or setting.startswith(param + ".")
+
+
+def leaves(model, prefix: str) -> list[str]:
+    out = []
+    for key, field in model.model_fields.items():
+        sub = field.annotation
+        is_section = isinstance(sub, type) and hasattr(sub, "model_fields")
+        out += leaves(sub, f"{prefix}.{key}") if is_section else [f"{prefix}.{key}"]
+    return out
+
+
+@pytest.mark.parametrize("stage,section", [("agent_sft", "agent"), ("tool_sft", "tool")])
+def test_no_rl_setting_is_a_warm_starts_dependency(stage, section):
+    """Every setting of the game's RL section (and its final evaluation) changes nothing the warm start writes:
+    none is covered by its params, while its own SFT settings are."""
+    from protege.config import Config
+
+    game = Config.model_fields[section].annotation
+    params = [str(p) for p in STAGES[stage]["params"]]
+    rl = leaves(game.model_fields["rl"].annotation, f"{section}.rl") + [f"{section}.eval_episodes"]
+    assert len(rl) > 30 and not [s for s in rl if any(covers(p, s) for p in params)]
+    assert all(any(covers(p, s) for p in params) for s in (f"{section}.sft.lr", f"{section}.sft.steps", "seed"))
+    assert {f"{section}.rl.lr", f"{section}.sft.lr"} <= {s for s in leaves(game, section)
+                                                        if any(covers(p, s) for p in STAGES[f"{section}_rl"]["params"])}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_a_setting_that_changes_nothing_is_no_stages_dependency(stage):
+    """config.py's `affects` metadata: what changes nothing a stage writes (threads, placement, sleep, offload)
+    is not in any stage's params, even where the stage reads its section whole."""
+    from protege.config import Config, untracked_keys
+
+    params = [str(p) for p in STAGES[stage].get("params", [])]
+    assert not [k for k in untracked_keys(Config) if any(covers(p, k) for p in params)]
