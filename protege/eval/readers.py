@@ -29,7 +29,8 @@ Three families of layout are read; `protege.eval.writers` writes the same ones.
                 extension, e.g. image_0), or an `images` list
    mmmu         MMMU/MMMU: id, question, options (list literal string), image_1..image_7, answer, question_type,
                 topic_difficulty (-> difficulty), subfield, img_type; category = subject taken from the id
-                ("validation_Art_Theory_3" -> "Art_Theory")
+                ("validation_Art_Theory_3" -> "Art_Theory"); a list-typed answer -> meta["answers"] (a string
+                answer stays a string, even one reading "['3', 'three']", as lmms-eval keeps it)
    mmmu_pro     MMMU/MMMU_Pro standard: id, question, options, image_1..image_7, answer, topic_difficulty, subject
    mmstar       Lin-Chen/MMStar: index, question (ending "Options: A: .., B: .."), image, answer, category,
                 l2_category
@@ -556,6 +557,9 @@ def _parquet_row(name: str, rec: dict, n: int, source: str, columns: list[str]) 
             listed = []
         item.options = {LETTERS[i]: _text(o) for i, o in enumerate(listed[:len(LETTERS)])}
         item.difficulty = g("topic_difficulty")
+        gold = rec.get("answer")
+        if isinstance(gold, (list, tuple)):  # a list-typed answer column: every element is an accepted answer
+            item.meta["answers"] = [_text(a) for a in gold]  # (item.answer keeps the list's text, as before)
         if name == "mmmu":
             m = re.fullmatch(r"(?:dev|validation|test)_(.+)_\d+", item.index)
             item.category = g("subject") or (m.group(1) if m else "")

@@ -239,6 +239,58 @@ def test_mmmu_open_list_golds_match_eval_open_any_element():
     assert lenient[0].score == 1.0                                    # our lenient reading parses the list
 
 
+# (response, gold, lmms-eval 0.7.3's score): a list gold is a list-typed `answer` column, any element of
+# which counts (`eval_open`); a string gold is a text cell, kept as text even when it reads like a list
+MMMU_LIST_GOLD_CASES = [
+    ("three", ["3", "three"], 1.0),                   # the string element "three" is in the tail "three"
+    ("The answer is 3.", ["3", "three"], 1.0),        # tail "3" -> 3.0, equal to the element "3" -> 3.0
+    ("four", ["3", "three"], 0.0),
+    ("so the answer is THREE", ["3", "three"], 1.0),  # both sides lower-cased
+    ("x = 0.50", ["1/2", "0.5"], 1.0),                # 0.50 and "0.5" both round to 0.5
+    ("It is 1/2.", ["1/2", "0.5"], 1.0),
+    ("It is y", ["x", "y"], 1.0),                     # one-letter tail and gold both padded: " y" in " y"
+    ("the box", ["x", "y"], 0.0),                     # neither " x" nor "x " is inside "the box"
+    ("anything at all", [], 0.0),                     # an empty list accepts nothing
+    ("three", "['3', 'three']", 0.0),                 # a text cell: its literal text is not in "three"
+    ("The answer is 3.", "['3', 'three']", 0.0),
+    ("It is ['3', 'three']", "['3', 'three']", 1.0),  # ... but is in this tail
+    ("four", "['3', 'three']", 0.0),
+]
+
+
+def _mmmu_parquet(tmp_path, name, gold):
+    """A one-row MMMU parquet (lmms-eval's layout) whose `answer` column holds `gold` as given."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(buf, format="PNG")
+    answer_type = pa.list_(pa.string()) if isinstance(gold, list) else pa.string()
+    table = pa.table({"id": ["validation_Math_1"], "question": ["How many?"], "options": ["[]"],
+                      "answer": pa.array([gold], answer_type), "question_type": ["open"],
+                      "image_1": [{"bytes": buf.getvalue(), "path": "1.png"}]})
+    pq.write_table(table, tmp_path / f"{name}.parquet")
+    return tmp_path / f"{name}.parquet"
+
+
+@pytest.mark.parametrize("response, gold, expected", MMMU_LIST_GOLD_CASES)
+def test_mmmu_open_list_gold_cases(response, gold, expected, tmp_path):
+    """Each case read from an MMMU parquet by our reader and scored by our scorer, against lmms-eval's own
+    task on the same document (the `answer` cell as the parquet holds it) and the hand-worked score."""
+    from lmms_eval.tasks.mmmu.utils import evaluate_mmmu
+
+    from protege.eval.readers import read_benchmark
+
+    items = read_benchmark("mmmu", _mmmu_parquet(tmp_path, "case", gold))
+    ours = scorer_for("mmmu").score(items, [response])[0].score
+    doc_item = BenchItem(benchmark="mmmu", index="1", question="How many?", images=[], answer=gold)
+    theirs = evaluate_mmmu([run_task("mmmu", [doc_item], [response])[0]["mmmu_acc"]])[1]["acc"]
+    assert (ours, theirs) == (expected, expected)
+
+
 def _compare_mmmu_open(items, answers, listed=False):
     from lmms_eval.tasks.mmmu.utils import evaluate_mmmu
 

@@ -66,6 +66,27 @@ def test_ai2d_score_matches_hand_count(tmp_path):
     assert lenient.exit_code == 0 and "ai2d: 60.00" in lenient.output, lenient.output
 
 
+def test_mmmu_list_gold_parquet_scores_any_element(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    png = base64.b64decode(png_b64())
+    table = pa.table({"id": [f"validation_Math_{i}" for i in (1, 2, 3)], "question": ["How many?"] * 3,
+                      "options": ["[]"] * 3, "answer": pa.array([["3", "three"]] * 3, pa.list_(pa.string())),
+                      "question_type": ["open"] * 3, "image_1": [{"bytes": png, "path": "1.png"}] * 3})
+    pq.write_table(table, tmp_path / "mmmu.parquet")
+    (tmp_path / "preds.jsonl").write_text(predictions([("validation_Math_1", "three"),
+                                                       ("validation_Math_2", "The answer is 3."),
+                                                       ("validation_Math_3", "four")]))
+    res = CliRunner().invoke(app, ["eval", "score", "--benchmark", "mmmu", "--data", str(tmp_path / "mmmu.parquet"),
+                                   "--predictions", str(tmp_path / "preds.jsonl"), "--out", str(tmp_path / "out"),
+                                   "--bootstrap", "200"])
+    assert res.exit_code == 0, res.output
+    # lmms-eval 0.7.3 eval_open: any element of the list gold -> "three" and 3 right, "four" wrong
+    rows = [json.loads(line) for line in (tmp_path / "out" / "items.jsonl").read_text().splitlines()]
+    assert [r["score"] for r in rows] == [1.0, 1.0, 0.0]
+
+
 def test_mmbench_circular_copies_count_together(tmp_path):
     rows, preds = [], []
     for q, gold in ((0, "A"), (1, "B")):

@@ -269,6 +269,22 @@ def test_realworldqa_parquet_with_listed_options_and_text_gold(tmp_path):
     assert got[1].options == {} and got[1].answer == "4"
 
 
+def test_mmmu_parquet_list_typed_answer_lists_every_accepted_answer(tmp_path):
+    import pyarrow as pa
+
+    def one(gold, answer_type):
+        table = pa.table({"id": ["validation_Math_1"], "question": ["How many?"], "options": ["[]"],
+                          "answer": pa.array([gold], answer_type), "question_type": ["open"],
+                          "image_1": [{"bytes": RED, "path": "1.png"}]})
+        pq.write_table(table, tmp_path / "mmmu.parquet")
+        return read_benchmark("mmmu", tmp_path / "mmmu.parquet")[0]
+
+    listed = one(["3", "three"], pa.list_(pa.string()))
+    assert listed.meta["answers"] == ["3", "three"] and listed.answer == "['3', 'three']"
+    written = one("['3', 'three']", pa.string())   # a text cell stays one string gold
+    assert "answers" not in written.meta and written.answer == "['3', 'three']"
+
+
 def test_undecodable_images_name_every_row(tmp_path):
     path = tsv(tmp_path / "AI2D_TEST.tsv", ["index", "image", "question", "A", "B", "answer"], [
         ["10", b64(RED), "ok?", "yes", "no", "A"],

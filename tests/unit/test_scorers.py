@@ -475,6 +475,29 @@ def test_mmmu_open():
     assert scores("mmmu", listed, ["three", "The answer is three."], "lenient") == [1.0, 1.0]
 
 
+def test_mmmu_open_list_gold_any_element_by_hand():
+    # lmms-eval 0.7.3 eval_open on a list gold: each element through normalize_str ("3" -> 3.0, "three" ->
+    # "three"); right when a string element is inside a string candidate or a number element equals a
+    # number candidate. Candidates (parse_open_response): "three" -> ["three"]; "The answer is 3." -> tail
+    # "3" -> [3.0]; "four" -> ["four"]; "x = 0.50" -> tail "0.50" -> [0.5]
+    gold = ["3", "three"]
+    items = [open_item("mmmu", str(gold), str(i), meta={"answers": gold}) for i in range(3)]
+    assert scores("mmmu", items, ["three", "The answer is 3.", "four"]) == [1.0, 1.0, 0.0]
+    # a list handed as the answer itself counts the same; an empty list accepts nothing
+    as_answer = [open_item("mmmu", ["1/2", "0.5"], "a"), open_item("mmmu", "[]", "b", meta={"answers": []})]
+    assert scores("mmmu", as_answer, ["x = 0.50", "[]"]) == [1.0, 0.0]
+    # the same list written in a text cell stays that text (lmms-eval does not parse doc["answer"]): none
+    # of the candidates contains "['3', 'three']"; the lenient protocol parses it
+    written = [open_item("mmmu", "['3', 'three']", str(i)) for i in range(3)]
+    assert scores("mmmu", written, ["three", "The answer is 3.", "four"]) == [0.0, 0.0, 0.0]
+    assert scores("mmmu", written, ["three", "The answer is 3.", "four"], "lenient") == [1.0, 1.0, 0.0]
+    # a list-looking text that does not parse is one plain string under either protocol, never an error
+    broken = [open_item("mmmu", "['3', three", "c")]
+    assert scores("mmmu", broken, ["It is ['3', three"]) == [1.0]
+    assert scores("mmmu", broken, ["three"]) == [0.0]
+    assert scores("mmmu", broken, ["three"], "lenient") == [0.0]
+
+
 def test_mmmu_mc_without_options_is_user_error():
     with pytest.raises(UserFacingError):
         scorer_for("mmmu").score([open_item("mmmu", "A", meta={"question_type": "multiple-choice"})], ["A"])

@@ -243,12 +243,16 @@ def _mmmu_normalised(value: str) -> list:
 
 
 def mmmu_open_golds(item: BenchItem) -> list[str]:
-    """The accepted answers of an open question. `eval_open` takes any element of a list gold, which
-    reaches us as `meta["answers"]` (a list-typed answer column). A string gold stays one string, as
-    lmms-eval keeps `doc["answer"]`, even when it reads like a list ("['3', 'three']", as in the HF
+    """The accepted answers of an open question. `eval_open` takes any element of a list gold
+    (`isinstance(gold_i, list)`: each element through `normalize_str`), which reaches us as
+    `meta["answers"]` (the reader's list-typed answer column) or as a list given for `item.answer`; an
+    empty list accepts nothing, as there. A string gold stays one string, as lmms-eval keeps
+    `doc["answer"]` (no literal_eval), even when it reads like a list ("['3', 'three']", as in the HF
     data): the harness then matches the literal text, so "three" is wrong; protocol `lenient` parses it."""
     listed = item.meta.get("answers")
-    if isinstance(listed, (list, tuple)) and listed:
+    if not isinstance(listed, (list, tuple)):
+        listed = item.answer
+    if isinstance(listed, (list, tuple)):
         return [str(a) for a in listed]
     return [item.answer]
 
