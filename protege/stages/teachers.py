@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from rich.markup import escape
 
 from protege.config import Config
 from protege.data.curate import answer_tokens
@@ -22,7 +23,7 @@ from protege.stages.common import say, write_stage_metrics
 from protege.stages.student_model import base_model_dir
 from protege.teachers.backends import TeacherRequest
 from protege.files import file_sha256
-from protege.teachers.cache import TeacherCache, TeacherCacheIncomplete, cache_key
+from protege.teachers.cache import TeacherCache, TeacherCacheIncomplete, cache_key, repair_counts
 from protege.teachers.factory import build_teacher
 
 
@@ -43,6 +44,14 @@ def requests_for(questions: pd.DataFrame, table: Path, image_hashes: dict[str, s
     return out
 
 
+def say_repairs(cache: TeacherCache, said: int = 0) -> int:
+    """One line per repair the cache made since the first `said` (an index rebuilt, a shard distrusted: which,
+    why, the answers dropped and how many were asked again); returns how many are said now."""
+    for repair in cache.repairs[said:]:
+        say("teachers", escape(repair.line(TEACHER_CACHE)))  # a file name in [brackets] is not rich markup
+    return len(cache.repairs)
+
+
 def run(cfg: Config, root: Path, run) -> None:
     run.log_params({"answers_per_question": cfg.teachers.answers_per_question, "error_rate": cfg.teachers.error_rate,
                     "pool": [t.model_dump(exclude_defaults=True) for t in cfg.teachers.pool]}, "teachers.")
@@ -52,7 +61,7 @@ def run(cfg: Config, root: Path, run) -> None:
     cache = TeacherCache(root / TEACHER_CACHE)
     image_hashes = {rel: file_sha256(image_path(root / CURATED_RL, rel))
                     for rec in questions.to_dict("records") for rel in image_paths(rec)}
-    metrics, views, incomplete = {}, [], []
+    metrics, views, incomplete, said = {}, [], [], 0
     for spec in cfg.teachers.pool:
         backend = build_teacher(spec, root, cfg.teachers.error_rate, cfg.seed, cfg.world.accounts)
         requests = requests_for(questions, root / CURATED_RL, image_hashes, backend, processor,
@@ -64,6 +73,7 @@ def run(cfg: Config, root: Path, run) -> None:
             incomplete.append(str(exc))
             stats = {"failures": exc.missing, "requested": exc.total}
         answers = cache.load(spec.name)
+        said = say_repairs(cache, said)
         answers = answers[answers["key"].isin({r.key for r in requests})].copy()
         answers["answer_tokens"] = [answer_tokens(processor, a) for a in answers["answer"]]
         over = answers["answer_tokens"] > cfg.curate.max_teacher_tokens
@@ -80,10 +90,12 @@ def run(cfg: Config, root: Path, run) -> None:
         say("teachers", f"{spec.name}: {m['answers']} cached ({m['requested']} requested now, {m['failures']} failed), "
                         f"dropped {m['dropped_over_cap']} over the {cfg.curate.max_teacher_tokens}-token cap and "
                         f"{m['dropped_truncated']} cut off")
-    if cache.recovered:
-        metrics["recovered_cache_files"] = len(cache.recovered)
-        say("teachers", f"the cache was repaired ({len(cache.recovered)} file(s), listed above): what it lost "
-                        "was asked again")
+    counts = repair_counts(cache.repairs)
+    metrics.update(counts)
+    if cache.repairs:
+        say("teachers", f"cache repaired: {counts['cache_shards_repaired']} shard(s) distrusted, "
+                        f"{counts['cache_indexes_rebuilt']} index(es) rebuilt, {counts['cache_answers_dropped']} "
+                        f"answer(s) dropped, {counts['cache_answers_reasked']} re-asked (each listed above)")
     run.log_metrics(metrics)
     if incomplete:  # after logging: what was received stays cached, and the stage fails with the count
         raise UserFacingError("\n".join(incomplete))

@@ -8,7 +8,9 @@ bytes do not match the index, or that does not parse, is moved to ROOT/<teacher>
 count as missing, so they are requested again. A shard missing from the index (a kill between the two
 renames, or an index deleted or malformed, which is then rebuilt) is adopted only if its metadata
 proves the cache wrote it for this teacher and its answers are unedited; any other parquet file in the
-folder is quarantined the same way.
+folder is quarantined the same way. Each such repair is recorded as a `Repair` in `TeacherCache.repairs`
+(the file, why it was distrusted, which answers were dropped and how many a fill asked again); the cache
+prints nothing itself: the `teachers` stage prints one line per repair and counts them in its metrics.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import re
 import statistics
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -70,23 +73,102 @@ def _write_shard(path: Path, df: pd.DataFrame, teacher: str) -> None:
 
 
 def _read_own_shard(path: Path, teacher: str) -> pd.DataFrame:
-    """A shard this cache wrote for `teacher`; ValueError for anything else (a foreign or edited file)."""
-    table = pq.read_table(path)
+    """A shard this cache wrote for `teacher`; _Distrusted for anything else (a torn, foreign or edited file)."""
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # noqa: BLE001 -- torn or not parquet at all
+        raise _Distrusted("unreadable", f"{type(exc).__name__}: {exc}") from exc
     raw = (table.schema.metadata or {}).get(_SHARD_META)
     if raw is None:
-        raise ValueError("not a shard written by protege's teacher cache (no cache metadata)")
+        raise _Distrusted("no digest", "not a shard written by protege's teacher cache (no cache metadata)")
     meta = json.loads(raw)
     df = table.to_pandas()
     if list(df.columns) != COLUMNS:
-        raise ValueError(f"columns {list(df.columns)}; a shard has {COLUMNS}")
+        raise _Distrusted("foreign", f"columns {list(df.columns)}; a shard has {COLUMNS}")
     if meta.get("teacher") != teacher or set(df["teacher"].astype(str)) - {teacher}:
-        raise ValueError(f"written for teacher {meta.get('teacher')!r}, not {teacher!r}")
+        raise _Distrusted("foreign", f"written for teacher {meta.get('teacher')!r}, not {teacher!r}")
     if meta.get("content_sha256") != _content_digest(df):
-        raise ValueError("its answers differ from what the cache wrote (edited)")
+        raise _Distrusted("digest mismatch", "its answers differ from what the cache wrote (edited)")
     return df
 
 
 SHOW_ANSWERS = 5
+
+
+class _Distrusted(ValueError):
+    """A shard that failed a check: `reason` is the short label a Repair carries, the message the check."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+@dataclass
+class Repair:
+    """One repair the cache made while loading a teacher's answers: an index it rebuilt, or a shard it
+    distrusted and moved to corrupt/. Paths are relative to the cache folder (e.g. concise/shard-000001.parquet)."""
+
+    teacher: str
+    file: str
+    reason: str          # index missing | index malformed | digest mismatch | row count mismatch | unreadable
+    #                      | no digest (rewritten by another tool, or never the cache's) | foreign | misnamed
+    detail: str = ""     # the check that failed, in words
+    moved_to: str | None = None          # where a distrusted shard went (relative to the cache folder)
+    dropped: int | None = None           # answers lost with it (not held by another shard); unreadable: the
+    #                                      index's row count, or None when the index did not list it
+    dropped_answers: list[str] = field(default_factory=list)   # "q3 sample 0", ... of those answers
+    dropped_keys: list[str] = field(default_factory=list)
+    reasked_keys: set[str] | None = None  # of those, the ones a fill asked the teacher for again; None: no fill yet
+    adopted: int = 0                     # an index rebuilt: the shards it now lists
+
+    @property
+    def is_index(self) -> bool:
+        return self.reason.startswith("index")
+
+    @property
+    def re_asked(self) -> int | None:
+        return None if self.reasked_keys is None else len(self.reasked_keys)
+
+    def line(self, folder: str | Path = "") -> str:
+        """What happened, in one line; `folder` (the cache folder as the reader knows it) prefixes the paths."""
+        where = lambda rel: str(Path(folder) / rel) if str(folder) else rel  # noqa: E731
+        if self.is_index:
+            why = self.reason.removeprefix("index ") + (f" ({self.detail})" if self.detail else "")
+            adopted = ("from 0 shards (none proves it is the cache's own)" if self.adopted == 0 else
+                       "from 1 shard that proves it is the cache's own" if self.adopted == 1 else
+                       f"from {self.adopted} shards that prove they are the cache's own")
+            return f"cache index {where(self.file)} {why}: rebuilt {adopted}"
+        head = f"cache shard {where(self.file)} distrusted ({self.reason}: {self.detail})"
+        tail = f"; moved to {where(self.moved_to)}" if self.moved_to else ""
+        if self.dropped is None or len(self.dropped_keys) != self.dropped:
+            held = ("its answers could not be read" if self.dropped is None else
+                    f"{_plural(self.dropped, 'answer')} dropped (unreadable, so which ones is unknown)")
+            return f"{head}: {held}; any this run wants that no other shard holds are asked again{tail}"
+        if self.dropped == 0:
+            return f"{head}: nothing dropped, every answer it held is in another shard{tail}"
+        more = f" and {self.dropped - SHOW_ANSWERS} more" if self.dropped > SHOW_ANSWERS else ""
+        lost = f"{_plural(self.dropped, 'answer')} dropped ({', '.join(self.dropped_answers[:SHOW_ANSWERS])}{more})"
+        if self.re_asked is None:
+            again = "asked again when next wanted"
+        elif self.re_asked == self.dropped:
+            again = "re-asked" if self.dropped == 1 else f"all {self.dropped} re-asked"
+        else:
+            again = f"{self.re_asked} re-asked ({self.dropped - self.re_asked} not wanted by this run)"
+        return f"{head}: {lost}, {again}{tail}"
+
+
+def repair_counts(repairs: Iterable[Repair]) -> dict[str, int]:
+    """What a stage logs about its cache's repairs (all 0 for a healthy cache)."""
+    repairs = list(repairs)
+    shards = [r for r in repairs if not r.is_index]
+    return {"cache_shards_repaired": len(shards),
+            "cache_indexes_rebuilt": sum(r.is_index for r in repairs),
+            "cache_answers_dropped": sum(r.dropped or 0 for r in shards),
+            "cache_answers_reasked": sum(r.re_asked or 0 for r in shards)}
 
 
 def _answers_in(shard: Path) -> pd.DataFrame | None:
@@ -97,29 +179,18 @@ def _answers_in(shard: Path) -> pd.DataFrame | None:
         return None
 
 
-def _quarantine_line(shard: Path, moved_to: Path, why: str, held: pd.DataFrame | None, kept: set) -> str:
-    if held is None:
-        again = "the answers it held (unreadable) will be asked again"
-    else:
-        lost = held[~held["key"].astype(str).isin(kept)]
-        names = [f"{q} sample {i}" for q, i in zip(lost["question_id"].astype(str), lost["sample_index"].astype(str))]
-        more = f" and {len(names) - SHOW_ANSWERS} more" if len(names) > SHOW_ANSWERS else ""
-        again = (f"{len(names)} answer(s) will be asked again: " + ", ".join(names[:SHOW_ANSWERS]) + more
-                 if names else "every answer it held is in another shard")
-    return f"teacher cache: {shard} rejected ({why}); moved to {moved_to}; {again}"
-
-
 class TeacherCache:
     def __init__(self, root: Path, flush_every: int = 128):
         self.root = Path(root)
         self.flush_every = flush_every
         self.root.mkdir(parents=True, exist_ok=True)
-        # one line per shard this cache moved to corrupt/ or index it rebuilt, for the stage's report
-        self.recovered: list[str] = []
+        # every index this cache rebuilt and shard it moved to corrupt/, in order, for the stage's report
+        self.repairs: list[Repair] = []
 
-    def _report(self, line: str) -> None:
-        self.recovered.append(line)
-        print(line)
+    @property
+    def recovered(self) -> list[str]:
+        """One line per repair (paths relative to the cache folder)."""
+        return [r.line() for r in self.repairs]
 
     def folder(self, teacher: str) -> Path:
         return self.root / teacher
@@ -127,13 +198,12 @@ class TeacherCache:
     # ---- reading -------------------------------------------------------------------------------------
     def _index(self, teacher: str) -> dict:
         """The index, or an empty one when it is missing or malformed (it is then rebuilt from the shards
-        that prove they were written by this cache)."""
+        that prove they were written by this cache; "rebuilt" then holds the Repair that says so)."""
         p = self.folder(teacher) / INDEX
+        rel = f"{teacher}/{INDEX}"
         if not p.exists():
             if any(self.folder(teacher).glob("*.parquet")):
-                self._report(f"teacher cache: {p} is missing; rebuilding it from the shards that prove they are "
-                             "the cache's own")
-                return {"shards": {}, "rebuilt": True}
+                return {"shards": {}, "rebuilt": Repair(teacher, rel, "index missing")}
             return {"shards": {}}
         try:
             index = json.loads(p.read_text(encoding="utf-8"))
@@ -144,34 +214,37 @@ class TeacherCache:
                 raise ValueError("'shards' is not a map of shard-NNNNNN.parquet -> {sha256, rows}")
             return {"shards": dict(shards)}
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            self._report(f"teacher cache: {p} is malformed ({type(exc).__name__}: {exc}); rebuilding it from the "
-                         "shards")
-            return {"shards": {}, "rebuilt": True}
+            return {"shards": {}, "rebuilt": Repair(teacher, rel, "index malformed", f"{type(exc).__name__}: {exc}")}
 
     def _write_index(self, teacher: str, index: dict) -> None:
         write_atomic(self.folder(teacher) / INDEX, lambda p: p.write_text(json.dumps(index, indent=1)))
 
     def load(self, teacher: str) -> pd.DataFrame:
-        """Every stored answer of a teacher, one row per key; quarantines corrupt shards."""
+        """Every stored answer of a teacher, one row per key; quarantines corrupt shards and records each
+        repair in `self.repairs`."""
         folder = self.folder(teacher)
         if not folder.exists():
             return pd.DataFrame(columns=COLUMNS)
         index = self._index(teacher)
         for stale in folder.glob(".*.tmp"):  # a write killed before its rename: never part of the cache
             stale.unlink()
-        frames, changed, rejected = [], bool(index.pop("rebuilt", False)), []
+        rebuilt = index.pop("rebuilt", None)
+        frames, changed, rejected = [], rebuilt is not None, []
         for shard in sorted(folder.glob("*.parquet")):
             entry = index["shards"].get(shard.name)
             digest = file_sha256(shard)
             try:
                 if not SHARD_NAME.fullmatch(shard.name):
-                    raise ValueError("not named like a cache shard (shard-NNNNNN.parquet)")
+                    raise _Distrusted("misnamed", "not named like a cache shard (shard-NNNNNN.parquet)")
                 if entry is not None and entry["sha256"] != digest:
-                    raise ValueError("checksum differs from the index")
+                    raise _Distrusted("digest mismatch", "checksum differs from the index")
                 if entry is not None:
-                    df = pd.read_parquet(shard)
+                    try:
+                        df = pd.read_parquet(shard)
+                    except Exception as exc:  # noqa: BLE001 -- torn bytes behind a matching checksum
+                        raise _Distrusted("unreadable", f"{type(exc).__name__}: {exc}") from exc
                     if len(df) != entry["rows"]:
-                        raise ValueError("row count differs from the index")
+                        raise _Distrusted("row count mismatch", "row count differs from the index")
                 else:  # not in the index: adopted only if it proves it is one of ours, unedited
                     df = _read_own_shard(shard, teacher)
             except Exception as exc:  # torn, truncated, edited or foreign: its keys will be asked again
@@ -181,7 +254,8 @@ class TeacherCache:
                 os.replace(shard, moved_to)
                 index["shards"].pop(shard.name, None)
                 changed = True
-                rejected.append((shard, moved_to, str(exc), held))
+                reason = exc.reason if isinstance(exc, _Distrusted) else "unreadable"
+                rejected.append((shard, moved_to, reason, str(exc), held, entry))
                 continue
             if entry is None:
                 index["shards"][shard.name] = {"sha256": digest, "rows": len(df)}
@@ -193,9 +267,22 @@ class TeacherCache:
                 changed = True
         if changed:
             self._write_index(teacher, index)
+        if rebuilt is not None:
+            rebuilt.adopted = len(index["shards"])
+            self.repairs.append(rebuilt)
         kept = {str(k) for f in frames for k in f["key"]}
-        for shard, moved_to, why, held in rejected:
-            self._report(_quarantine_line(shard, moved_to, why, held, kept))
+        for shard, moved_to, reason, why, held, entry in rejected:
+            repair = Repair(teacher, shard.relative_to(self.root).as_posix(), reason, why,
+                            moved_to.relative_to(self.root).as_posix())
+            if held is None:  # which answers it held is unknown; how many, only if the index listed it
+                repair.dropped = entry["rows"] if entry is not None else None
+            else:
+                lost = held[~held["key"].astype(str).isin(kept)]
+                repair.dropped = len(lost)
+                repair.dropped_keys = lost["key"].astype(str).tolist()
+                repair.dropped_answers = [f"{q} sample {i}" for q, i in zip(lost["question_id"].astype(str),
+                                                                             lost["sample_index"].astype(str))]
+            self.repairs.append(repair)
         if not frames:
             return pd.DataFrame(columns=COLUMNS)
         return pd.concat(frames, ignore_index=True).drop_duplicates("key", keep="first").reset_index(drop=True)
@@ -224,6 +311,9 @@ class TeacherCache:
             if r.key not in have and r.key not in seen:
                 missing.append(r)
                 seen.add(r.key)
+        for repair in self.repairs:  # what a repair dropped and this fill wants is asked again: say how much
+            if repair.teacher == backend.name and not repair.is_index and repair.dropped == len(repair.dropped_keys):
+                repair.reasked_keys = (repair.reasked_keys or set()) | seen.intersection(repair.dropped_keys)
         by_key = {r.key: r for r in missing}
         buffer: list[dict] = []
         failures: list[TeacherFailure] = []

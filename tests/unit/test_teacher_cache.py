@@ -42,14 +42,19 @@ def test_refill_asks_nothing_and_extends_only_missing(tmp_path):
     assert len(list((tmp_path / "concise").glob("shard-*.parquet"))) == 3  # 4 + 2, then 4
 
 
-def test_corrupt_shard_is_quarantined_and_its_keys_asked_again(tmp_path, capsys):
+def test_corrupt_shard_is_quarantined_and_its_keys_asked_again(tmp_path):
     cache = TeacherCache(tmp_path, flush_every=4)
     teacher = Counting("concise", error_rate=0.0, seed=0)
     cache.fill(teacher, requests(4))  # 8 answers -> 2 shards
     first = sorted((tmp_path / "concise").glob("shard-*.parquet"))[0]
     first.write_bytes(first.read_bytes()[:50])  # torn
     assert len(cache.load("concise")) == 4
-    assert "corrupt" in capsys.readouterr().out
+    [repair] = cache.repairs
+    assert (repair.file, repair.reason, repair.dropped) == (f"concise/{first.name}", "digest mismatch", 4)
+    assert cache.recovered == [f"cache shard concise/{first.name} distrusted (digest mismatch: checksum differs "
+                               "from the index): 4 answers dropped (unreadable, so which ones is unknown); any this "
+                               f"run wants that no other shard holds are asked again; moved to concise/corrupt/"
+                               f"{first.name}"]
     stats = cache.fill(teacher, requests(4))
     assert stats["requested"] == 4
     df = cache.load("concise")
