@@ -702,6 +702,9 @@ class PPOConfig(Section):
     # clip_param, 0.1); null: the plain squared error
     value_clip: float | None = Field(0.1, gt=0, le=1000)
     max_grad_norm: float = Field(0.01, gt=0, le=1e6)  # the update's gradient norm clip (RL4VLM's and GTR-Turbo's: 0.01)
+    # the first value_warmup_steps RL steps train the value head alone on the frozen policy's features (verl's
+    # critic_warmup): the policy's first updates then follow advantages from a fitted V, not from V = 0
+    value_warmup_steps: int = Field(0, ge=0, le=10_000_000)
     # token: a ratio per token at temperature 1 | rl4vlm (RL4VLM's and GTR-Turbo's code): one ratio per output (turn)
     # from thought_weight * its thought tokens' log-prob + its other tokens', at the sampling temperature
     objective: Literal["token", "rl4vlm"] = "token"

@@ -57,7 +57,7 @@ def rl_step(s: Session, rollout: Rollout, step: int) -> None:
     returns = shape_rewards(s, rollout.rewards(s, sample, old), sample.view)
     adv = rollout.spread(s, sample, s.advantage(returns, s.cfg))
     t_update = time.perf_counter()
-    batch = UpdateBatch.of(sample, old, returns, adv, reference_logprobs(s, sample))
+    batch = UpdateBatch.of(sample, old, returns, adv, reference_logprobs(s, sample), step)
     totals = update(s, batch, step)
     t_sync = time.perf_counter()
     rollout.after_update(s)

@@ -327,3 +327,24 @@ def test_the_codes_format_rules_shift_each_turns_return(tiny_student, tiny_proce
     kept = none.shape(Step(tiny_student, eps, batch, logp, batch.loss_mask.float(), torch.device("cpu"), {}, [batch]),
                       Returns(torch.zeros(2, 2), valid, 2))
     assert torch.allclose(kept.after, torch.tensor([[0.3, 0.3], [-0.2, 0.3]]), atol=1e-5)  # its own KL: 0
+
+
+def test_value_warmup_trains_the_head_alone_first(tiny_student, tiny_processor, tmp_path):
+    """ppo.value_warmup_steps: during the warm-up the policy's weights stay bitwise as they were while the value
+    head learns; after it the policy is updated."""
+    from safetensors.torch import load_file
+
+    base = tiny_cfg(guidance="none")
+    cfg = base.model_copy(update={"rl": base.rl.model_copy(update={
+        "algorithm": "ppo", "steps": 2, "ppo": PPOConfig(epochs=2, value_warmup_steps=1)})})
+    before = {k: v.clone() for k, v in tiny_student.state_dict().items()}
+    logs = []
+    run_agent_rl(tiny_student, tiny_processor, cfg, 64, tmp_path / "out", seed=0, state_dir=tmp_path / "state",
+                 stop_after=1, new_env=VarietyEnv, on_log=lambda s, m: logs.append(m))
+    assert all(torch.equal(v, before[k]) for k, v in tiny_student.state_dict().items())
+    assert logs[0]["value_loss"] > 0 and logs[0]["clip_fraction"] == 0.0
+    head = load_file(str(tmp_path / "state" / "value_head.safetensors"))
+    assert any(t.abs().sum() > 0 for t in head.values())
+    run_agent_rl(tiny_student, tiny_processor, cfg, 64, tmp_path / "out", seed=0, state_dir=tmp_path / "state",
+                 new_env=VarietyEnv)
+    assert any(not torch.equal(v, before[k]) for k, v in tiny_student.state_dict().items())

@@ -44,15 +44,16 @@ class UpdateBatch:
     logp_ref: list[torch.Tensor | None]
     rows: float                           # the loss's row normaliser: the global batch's rows / ranks
     tokens: float                         # this rank's scored tokens (the stats' denominator)
+    step: int = 0                         # the RL step (1-based) this update belongs to
     prepared: dict = field(default_factory=dict)  # an objective's per-step tensors (PPO's GAE targets)
 
     @classmethod
     def of(cls, sample: Sample, old: Old | None, returns: Returns | None, adv: Advantage,
-           logp_ref: list[torch.Tensor | None]) -> "UpdateBatch":
+           logp_ref: list[torch.Tensor | None], step: int = 0) -> "UpdateBatch":
         """DeepSpeed averages the ranks' gradients, and a step's rows need not split evenly (8 questions on 3 ranks:
         3/3/2), so each rank divides its summed loss by the global batch's rows over the ranks, never by its own
         rows: the average over ranks is then exactly the gradient one process takes of the whole batch."""
-        return cls(sample, old, returns, adv, logp_ref, rows_per_rank(sample.batch.n), float(sample.mask.sum()))
+        return cls(sample, old, returns, adv, logp_ref, rows_per_rank(sample.batch.n), float(sample.mask.sum()), step)
 
 
 class Objective:

@@ -9,6 +9,7 @@ import torch
 from protege.rl.objectives.base import Old, UpdateBatch, part_of
 from protege.rl.objectives.clipped import ClippedSurrogate
 from protege.rl.ppo import ValueHead, gae, scored_with_values, turn_values, value_loss
+from protege.rollout.trajectory import score
 from protege.runtime.state import Weights
 
 
@@ -43,10 +44,16 @@ class PPOWithValueHead(ClippedSurrogate):
 
     def loss(self, policy, i, batch: UpdateBatch):
         part, p = part_of(batch, i)[0], batch.prepared
-        logp, _, v_tok = scored_with_values(policy, self.head, part, temperature=self.temperature)
-        share, stats = self.policy_term(logp, i, batch)
+        if batch.step <= self.ppo.value_warmup_steps:  # the head alone, on the frozen policy's features
+            with torch.no_grad():
+                hidden = score(policy, part, with_hidden=True).hidden
+            v_tok, share, stats = self.head(hidden), None, {"kl": 0.0, "clip_fraction": 0.0}
+        else:
+            logp, _, v_tok = scored_with_values(policy, self.head, part, temperature=self.temperature)
+            share, stats = self.policy_term(logp, i, batch)
         v_part, held = turn_values(v_tok, part, *batch.sample.shape, with_found=True)
         v_share = value_loss(v_part, p["targets"], p["valid"] & held, turns=p["turns"], old=p["values_old"],
                              clip=self.ppo.value_clip)
         stats["value_loss"] = float(v_share.detach())
-        return share + self.ppo.value_coef * v_share, stats
+        v_share = self.ppo.value_coef * v_share
+        return (v_share if share is None else share + v_share), stats
