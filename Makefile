@@ -43,6 +43,9 @@ demo: $(STAMP)
 	@echo
 	@$(BIN)/python -m protege.eval.agent reports/tool/summary.json
 	@echo
+	@echo "Post-training, after - before (paired 95% CIs), and how far these rows move between machines:"
+	@$(BIN)/python -m protege.eval.demo_excerpt .
+	@echo
 	@echo "MLflow UI: $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db"
 
 # Each paper's headline claim, 5 RL seeds over 2 warm starts, from the finished demo's project (run `make demo` first):
