@@ -4,12 +4,16 @@ a refactor changed no number.
 
     PYTHONPATH=<checkout> .venv/bin/python dev/loop_equivalence.py OUT [CASE ...]
     .venv/bin/python dev/loop_equivalence.py --compare OLD NEW
+
+With STOP_AFTER=k and WORK=DIR in the environment, each run stops after step k keeping its state in DIR; a second
+run with the same WORK resumes from it (to show one version's states resume in another).
 """
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
+import os
 import random
 import sys
 import tempfile
@@ -77,6 +81,9 @@ AGENT = {
 }
 
 
+STOP_AFTER = int(os.environ["STOP_AFTER"]) if os.environ.get("STOP_AFTER") else None
+
+
 def run_case(name: str, work: Path, processor, student) -> dict:
     from protege.config import AgentConfig, RLConfig
     from protege.data.rows import load_rows
@@ -98,7 +105,7 @@ def run_case(name: str, work: Path, processor, student) -> dict:
         evaluator = (lambda step, p: curve.append([step, float(sum(x.float().sum() for x in p.parameters()))]))
         run_rl(policy, copy.deepcopy(policy), processor, RLInputs(rows, answers, disc, judge=_variety,
                                                                   evaluator=evaluator), cfg, out, seed=0,
-               on_log=on_log, state_dir=out / "state")
+               on_log=on_log, state_dir=out / "state", stop_after=STOP_AFTER)
         return {"weights": _digest(policy), "logs": logs, "curve": curve}
     from protege.rl.agent_loop import run_agent_rl
     rl = {"steps": 3, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6, "save_every": 1, "lr": 1e-3,
@@ -106,7 +113,7 @@ def run_case(name: str, work: Path, processor, student) -> dict:
     cfg = AgentConfig.model_validate({"grid": {"max_turns": 2}, "rl": rl, "eval_episodes": 2})
     policy = student()
     run_agent_rl(policy, processor, cfg, 64, out, seed=0, on_log=on_log, state_dir=out / "state",
-                 new_env=_VarietyEnv)
+                 new_env=_VarietyEnv, stop_after=STOP_AFTER)
     return {"weights": _digest(policy), "logs": logs}
 
 
@@ -132,9 +139,10 @@ def main() -> None:
     cases = sys.argv[2:] or [f"q_{k}" for k in QUESTION] + [f"a_{k}" for k in AGENT]
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        processor, student = _fixtures(Path(tmp))
+        work = Path(os.environ.get("WORK") or tmp)
+        processor, student = _fixtures(work)
         for name in cases:
-            (out / f"{name}.json").write_text(json.dumps(run_case(name, Path(tmp), processor, student)))
+            (out / f"{name}.json").write_text(json.dumps(run_case(name, work, processor, student)))
             print(name, "done", flush=True)
 
 

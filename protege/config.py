@@ -141,9 +141,15 @@ NOTHING = "nothing"  # speed, memory, logging, where stages run
 EFFECTS = (RESULTS, LENGTH, OUTPUTS, NOTHING)
 
 
-def affects(effect: str) -> dict:
+_NO_NEUTRAL = object()
+
+
+def affects(effect: str, neutral=_NO_NEUTRAL) -> dict:
+    """`neutral`: for a setting added to a section after runs saved resume states, the value at which it does
+    what the code did before it existed; a resume state's identity leaves it out at that value, so those states
+    still resume (`result_params`)."""
     assert effect in EFFECTS, effect
-    return {"json_schema_extra": {"affects": effect}}
+    return {"json_schema_extra": {"affects": effect, **({} if neutral is _NO_NEUTRAL else {"neutral": neutral})}}
 
 
 def effect_of(section: type[BaseModel], name: str) -> str:
@@ -151,19 +157,24 @@ def effect_of(section: type[BaseModel], name: str) -> str:
     return extra.get("affects", RESULTS) if isinstance(extra, dict) else RESULTS
 
 
-def _dump(section: BaseModel, keep: tuple[str, ...]) -> dict:
+def _dump(section: BaseModel, keep: tuple[str, ...], skip_neutral: bool = False) -> dict:
     out = {}
-    for name in type(section).model_fields:
+    for name, field in type(section).model_fields.items():
         if effect_of(type(section), name) not in keep:
             continue
         value = getattr(section, name)
-        out[name] = _dump(value, keep) if isinstance(value, BaseModel) else section.model_dump(include={name})[name]
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if skip_neutral and "neutral" in extra and value == extra["neutral"]:
+            continue
+        out[name] = (_dump(value, keep, skip_neutral) if isinstance(value, BaseModel)
+                     else section.model_dump(include={name})[name])
     return out
 
 
 def result_params(section: BaseModel) -> dict:
-    """The section's settings that change the trained weights (a resume state's identity), sub-sections too."""
-    return _dump(section, (RESULTS,))
+    """The section's settings that change the trained weights (a resume state's identity), sub-sections too;
+    a setting at its `neutral` value (see `affects`) is left out."""
+    return _dump(section, (RESULTS,), skip_neutral=True)
 
 
 def tracked_params(section: BaseModel) -> dict:
@@ -704,7 +715,7 @@ class PPOConfig(Section):
     max_grad_norm: float = Field(0.01, gt=0, le=1e6)  # the update's gradient norm clip (RL4VLM's and GTR-Turbo's: 0.01)
     # the first value_warmup_steps RL steps train the value head alone on the frozen policy's features (verl's
     # critic_warmup): the policy's first updates then follow advantages from a fitted V, not from V = 0
-    value_warmup_steps: int = Field(0, ge=0, le=10_000_000)
+    value_warmup_steps: int = Field(0, ge=0, le=10_000_000, **affects(RESULTS, neutral=0))
     # token: a ratio per token at temperature 1 | rl4vlm (RL4VLM's and GTR-Turbo's code): one ratio per output (turn)
     # from thought_weight * its thought tokens' log-prob + its other tokens', at the sampling temperature
     objective: Literal["token", "rl4vlm"] = "token"

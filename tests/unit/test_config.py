@@ -166,3 +166,15 @@ def test_every_resume_fingerprint_ignores_cadence_and_placement_and_sees_the_lr(
         same.update(steps=99, vllm_memory=0.5)
     assert fp(**same) == fp()
     assert fp(lr=0.123) != fp()
+
+
+def test_a_new_setting_at_its_neutral_value_keeps_old_resume_states():
+    """A setting added after runs saved resume states (ppo.value_warmup_steps) is left out of the states'
+    identity at its neutral value, so those states still resume; any other value is a different run."""
+    from protege.config import AgentRLConfig, result_params
+    from protege.rl.agent_loop import agent_fingerprint
+    from protege.config import AgentConfig
+
+    assert "value_warmup_steps" not in result_params(AgentRLConfig())["ppo"]
+    assert result_params(AgentRLConfig(ppo={"value_warmup_steps": 3}))["ppo"]["value_warmup_steps"] == 3
+    assert agent_fingerprint(AgentConfig(), 0) != agent_fingerprint(AgentConfig(rl={"ppo": {"value_warmup_steps": 3}}), 0)
