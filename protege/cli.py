@@ -485,7 +485,8 @@ def eval_compare(run_a: str = typer.Argument(..., help="MLflow run id of A (eval
 @app.command()
 def study(file: Path = typer.Argument(..., help="study file (YAML): variants, seeds, baseline, claims"),
           dry_run: bool = typer.Option(False, "--dry-run", help="list the runs (variant, seed, overrides, finished "
-                                                                "or not) and run nothing"),
+                                                                "or not), each part's game and warm starts, its "
+                                                                "claims with their preconditions, and run nothing"),
           project: Path = typer.Option(Path("."), help="project folder: its params.yaml and shared upstream "
                                                        "artifacts (data/, models/sft, models/discriminator)"),
           jobs: int = typer.Option(1, min=1, help="runs at once, each in its own process with one torch thread")
@@ -496,6 +497,8 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
     from protege.errors import UserFacingError
     from protege.study.runner import (
         check_upstream,
+        describe_claims,
+        describe_game,
         describe_warm_starts,
         finish_study,
         finish_suite,
@@ -526,7 +529,10 @@ def study(file: Path = typer.Argument(..., help="study file (YAML): variants, se
                 warm = "" if p.run.warm_seed is None else f" warm start {p.run.warm_seed:<3}"
                 typer.echo(f"  {p.run.variant:<{width}}  seed {p.run.seed:<4}{warm} "
                            f"{'finished' if p.finished else 'to run  '}  {what}")
-            for line in describe_warm_starts(spec, [p.run for p in todo]):
+            game = describe_game(spec)
+            for line in ([game] if game else []) + describe_warm_starts(spec, [p.run for p in todo]):
+                typer.echo(f"  {line}")
+            for line in describe_claims(spec):
                 typer.echo(f"  {line}")
             try:
                 check_upstream(spec, [p.run for p in todo])

@@ -78,16 +78,17 @@ def ran_with(project: Path, stage: str, params: Config) -> Config | None:
         return None
 
 
-def stage_rate(project: Path, task: str, params: Config) -> float | None:
+def stage_rate(project: Path, task: str, params: Config, like: Config | None = None) -> float | None:
     """Seconds per unit of work of the project's own RL stage for this task, or None when it left no record or
-    its record is of another game or output length (dvc.lock says what it ran with): a grid game's seconds say
-    nothing about a card game's. The work is counted with the params the stage ran with."""
+    its record is of another game or output length than `like` (the runs' config; default params.yaml's) plays
+    (dvc.lock says what it ran with): a grid game's seconds say nothing about a card game's. The work is counted
+    with the params the stage ran with."""
     try:
         seconds = float(json.loads((project / STAGE_METRICS / f"{RL_STAGE[task]}.json").read_text())["seconds"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     ran = ran_with(project, RL_STAGE[task], params)
-    if ran is not None and cost_shape(ran, task) != cost_shape(params, task):
+    if cost_shape(ran or params, task) != cost_shape(like or params, task):
         return None
     units = work(ran or params, task)
     return seconds / units if units > 0 and seconds > 0 else None

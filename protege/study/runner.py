@@ -92,12 +92,16 @@ def say(message: str) -> None:
 # ---------------------------------------------------------------------------------------------- planning
 
 
-def required_upstream(runs: list[RunSpec], task: str = "qa", project_seed: int | None = None) -> list[Path]:
+def required_upstream(runs: list[RunSpec], task: str = "qa", project_seed: int | None = None,
+                      own_game: bool = False) -> list[Path]:
     """What the runs read from the project. A qa run on the study's own warm start (a warm-start seed other
     than params.yaml's `seed`) reads the project's questions and base student, not its SFT, curated set,
-    teacher answers or discriminator: its warm start makes those."""
+    teacher answers or discriminator: its warm start makes those. A game study with a game of its own
+    (`own_game`: every warm start is the study's) needs no project warm start, only the base student."""
     if task in GAME_TASKS:
-        return [GAMES[task].sft_model]
+        if not own_game:
+            return [GAMES[task].sft_model]
+        return [BASE_MODEL] if runs and runs[0].config.model.path is None else []
     source = runs[0].config.data.source if runs else "world"
     shared = [r for r in runs if r.warm_seed is None or r.warm_seed == project_seed]
     own = [r for r in runs if r not in shared]
@@ -127,7 +131,12 @@ def check_upstream(study: Study, runs: list[RunSpec] | None = None) -> None:
             project_seed = load_config(study.project / "params.yaml").seed
         except (ConfigError, OSError):
             project_seed = None
-    missing = [str(p) for p in required_upstream(runs, study.task, project_seed) if not (study.project / p).exists()]
+    own_game = study.task in GAME_TASKS and not warm_starts.plays_projects_game(study)
+    missing = [str(p) for p in required_upstream(runs, study.task, project_seed, own_game)
+               if not (study.project / p).exists()]
+    if missing and own_game:
+        raise UserFacingError(f"{study.path}: the study trains its warm starts from the project's base student, and "
+                              f"{', '.join(missing)} is missing in {study.project}: run `dvc repro world` there first")
     if missing and study.task in GAME_TASKS:
         article = "an" if study.task[0] in "aeiou" else "a"
         raise UserFacingError(f"{study.path}: {article} {study.task} study trains from the project's warm start, and "
@@ -139,10 +148,11 @@ def check_upstream(study: Study, runs: list[RunSpec] | None = None) -> None:
                               "run `make demo` (or `dvc repro disc_pretrain mini_benchmarks`) there first")
 
 
-def upstream_digest(project: Path, task: str = "qa") -> str:
+def upstream_digest(project: Path, task: str = "qa", skip: tuple[Path, ...] = ()) -> str:
     # your imported data counts where there is some: a world project's fingerprints stay what they were
     parts = {str(rel): tracking.input_digest(project, rel) for rel in UPSTREAM
-             if TASK_UPSTREAM.get(rel, task) == task and (rel != IMPORTED or (project / rel).exists())}
+             if TASK_UPSTREAM.get(rel, task) == task and (rel != IMPORTED or (project / rel).exists())
+             and rel not in skip}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -175,7 +185,10 @@ def read_result(folder: Path) -> dict | None:
 
 def plan(study: Study) -> list[Planned]:
     """Every run of the study with its folder and whether it has finished with these params and inputs."""
-    upstream = upstream_digest(study.project, study.task)
+    # a game study with a game of its own never reads the project's warm start (another game's): a rebuilt one
+    # leaves its runs finished
+    own_game = study.task in GAME_TASKS and not warm_starts.plays_projects_game(study)
+    upstream = upstream_digest(study.project, study.task, (GAMES[study.task].sft_model,) if own_game else ())
     warm = {w: warm_starts.fingerprint(study, w) for w in study.warm_start_seeds}
     out = []
     for run in study.runs():
@@ -551,16 +564,18 @@ def expected_time(studies: list[Study], pending: list[tuple[Study, Planned]], fi
                   jobs: int, running: bool = False, warm: list[tuple[Study, int]] = ()) -> str:
     """The queue's expected wall time, from the finished runs or the project's own RL stage records, after the
     `warm` starts (study, seed) still to train, each costing what the project's own warm-start stages took."""
-    priors: dict[tuple[Path, str], float | None] = {}
+    priors: dict[str, float | None] = {}
     for s in studies:
-        if (s.project, s.task) not in priors:
-            try:
-                params = load_config(s.project / "params.yaml")
-            except (ConfigError, OSError):
-                params = None
-            priors[s.project, s.task] = estimate.stage_rate(s.project, s.task, params) if params else None
+        try:
+            params = load_config(s.project / "params.yaml")
+        except (ConfigError, OSError):
+            params = None
+        # the project's RL stage scales only to runs of its own game and output length (a game part of its own
+        # plays another): compared with the study's first trained variant
+        like = next((v.config for v in s.variants.values() if v.train), None)
+        priors[s.name] = estimate.stage_rate(s.project, s.task, params, like) if params else None
     times = [estimate.run_seconds(s.task, s.part, p.run.train, estimate.work(p.run.config, s.task), finished,
-                                  priors[s.project, s.task]) for s, p in pending]
+                                  priors[s.name]) for s, p in pending]
     warm_times = [estimate.warm_start_seconds(s.project, warm_starts.stages(s.task)) for s, _ in warm]
     line = estimate.describe(times, jobs, len(finished), warm_times)
     return line.replace(" to do,", " left,", 1) if running else line
@@ -577,18 +592,79 @@ def describe_warm_starts(study: Study, runs: list[RunSpec]) -> list[str]:
     todo = set(warm_starts.pending(study, runs))
     steps = warm_starts.stages(study.task)
     seconds = estimate.warm_start_seconds(study.project, steps) if todo else None
+    game = warm_starts.describe_game(study, " under ")
+    try:
+        project_seed = load_config(study.project / "params.yaml").seed
+    except (ConfigError, OSError):
+        project_seed = None
     out = []
     for w in study.warm_start_seeds:
         if warm_starts.is_projects(study, w):
             what = f"the project's own (params.yaml seed {w}), linked"
         elif w in todo:
-            what = (f"to train: {', '.join(steps)} into {warm_starts.folder(study, w)}"
-                    + (f", about {estimate.minutes(seconds)}" if seconds is not None else ""))
+            what = (f"to train: {', '.join(steps)}{game} into {warm_starts.folder(study, w)}"
+                    + (f", about {estimate.minutes(seconds)}" if seconds is not None else "")
+                    + (f" (params.yaml's seed, but not the project's {GAMES[study.task].sft_model}: that one "
+                       f"plays params.yaml's game)" if w == project_seed else ""))
         elif warm_starts.finished(study, w):
-            what = f"trained ({warm_starts.folder(study, w)})"
+            what = f"trained{game} ({warm_starts.folder(study, w)})"
         else:
             what = "not trained; no unfinished run plays from it"
         out.append(f"warm start {w}: {what}")
+    return out
+
+
+def describe_game(study: Study) -> str | None:
+    """The game a game study plays (for --dry-run): its own settings (`game:`) against params.yaml's, or
+    params.yaml's; None for a qa study."""
+    if study.task not in GAME_TASKS:
+        return None
+    from protege.study.spec import _lookup, describe
+
+    try:
+        project = load_config(study.project / "params.yaml").model_dump()
+    except (ConfigError, OSError):
+        project = None
+    if not study.game:
+        key = "agent.env" if study.task == "agent" else "tool.task.kinds"
+        return f"game: params.yaml's ({describe({key: _lookup(project, key)})})" if project else "game: params.yaml's"
+    theirs = describe({k: _lookup(project, k) for k in study.game}) if project else "?"
+    if warm_starts.plays_projects_game(study):
+        return f"game: {describe(study.game)} (the part's own, as params.yaml has it: the project's warm start stands)"
+    return (f"game: {describe(study.game)} (the part's own, over params.yaml's {theirs}): every run plays it, and "
+            f"its warm starts are trained under it")
+
+
+def describe_precondition(pre) -> str:
+    """A precondition's fields as the study file fixes them, and its criterion in words."""
+    from protege.study.preconditions import criterion
+    from protege.study.spec import KIND_FIELDS
+
+    fields = [f"variant {pre.variant}", f"metric {pre.metric}", f"kind {pre.kind}"]
+    for key in KIND_FIELDS[pre.kind]:
+        value = getattr(pre, key)
+        if value is not None and not (key == "at" and "." in pre.metric):
+            fields.append(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}")
+    rule = "more than half of the seeds" if pre.seeds == "majority" else "every seed"
+    return f"{pre.name} ({', '.join(fields)}): met when {criterion(pre)}, on {rule}"
+
+
+def describe_claims(study: Study) -> list[str]:
+    """Each claim of the study (for --dry-run) with every precondition it requires, then the preconditions no
+    claim requires (measured and reported only)."""
+    from protege.study.spec import LOWER_IS_BETTER
+
+    pres = {p.name: p for p in study.preconditions}
+    out = []
+    for c in study.claims:
+        diff = f"{c.than} - {c.better}" if c.metric in LOWER_IS_BETTER else f"{c.better} - {c.than}"
+        bar = f"above -{c.margin:g}" if c.margin else "above 0"
+        out.append(f'claim "{c.name}": {diff} on {c.metric} ({c.model}), reproduced when its CI lies {bar}'
+                   + ("" if c.requires else "; no preconditions"))
+        out += [f"  requires {describe_precondition(pres[name])}" for name in c.requires]
+    required = {name for c in study.claims for name in c.requires}
+    out += [f"precondition required by no claim (reported): {describe_precondition(p)}"
+            for p in study.preconditions if p.name not in required]
     return out
 
 

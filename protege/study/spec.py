@@ -38,6 +38,14 @@ warm_start_seeds[i mod n]; a `train: false` variant then runs once per seed, so 
 `project_params: {agent.env: points24}` names settings params.yaml must already hold (what the shared warm start
 was made with): the study refuses to load otherwise, rather than silently run another game.
 
+`game: {agent.env: points24, agent.points24.cards: 2}` gives a game study (agent or tool) a game of its own
+instead: settings of the game's section that its warm start is made with (`agent.env`, `agent.points24.*`,
+`agent.grid.*`, `agent.context`, `agent.sft.*`; `tool.task.*`, `tool.sft.*`; not the RL section nor the
+evaluation's size, which `common` and the variants set). They apply to params.yaml before `common` and every
+variant, and to the warm starts, which the study then trains itself (`warm_start_seeds` is required): a warm
+start's fingerprint holds the game it was made with, and params.yaml's own (models/<task>_sft) is linked for
+its seed only when the game settings change nothing there, so a grid warm start never plays EZPoints.
+
 A file with `parts:` holds several studies (each a body as above, under its own key; the file's `seeds`
 and `bootstrap` are every part's unless it sets its own). `protege study` runs all their runs in one
 queue and writes every part's claims in one table (`report:`, e.g. reports/results.md):
@@ -180,6 +188,9 @@ class StudyFile(_Strict):
     # settings params.yaml must already hold (not overrides): what the shared warm start was made with, e.g.
     # {agent.env: points24}; the study refuses to load otherwise
     project_params: dict[str, Any] = {}
+    # a game study's own game (overrides of params.yaml's game section that its warm start is made with, e.g.
+    # {agent.env: points24, agent.points24.cards: 2}): every run and the study's own warm starts play it
+    game: dict[str, Any] = {}
     claims: list[ClaimSpec] = []
     preconditions: list[PreconditionSpec] = []
     services: dict[str, ServiceSpec] = {}
@@ -270,6 +281,7 @@ class Study:
     part: str | None = None                # the key of this study in its file's `parts:` (None: the whole file)
     preconditions: list[Precondition] = field(default_factory=list)
     warm_start_seeds: list[int] = field(default_factory=list)  # the study's own warm starts (see StudyFile)
+    game: dict[str, Any] = field(default_factory=dict)  # its own game settings, flattened, resolved (StudyFile.game)
 
     @property
     def out_dir(self) -> Path:
@@ -401,10 +413,31 @@ def _check_game_keys(task: str):
             if key == "seed":
                 raise ConfigError(f"{path}: {where}.seed is not allowed: a run's seed comes from the study's `seeds`")
             if not any(key == k or key.startswith(k + ".") for k in allowed):
-                raise ConfigError(f"{path}: {where}.{key} is not allowed: {article} {task} study shares the "
-                                  f"project's warm start (models/{task}_sft), so variants may change "
-                                  f"{allowed[0]}.*, {', '.join(allowed[1:])} only")
+                raise ConfigError(f"{path}: {where}.{key} is not allowed: {article} {task} study shares its "
+                                  f"warm start (models/{task}_sft) between its variants, so variants may change "
+                                  f"{allowed[0]}.*, {', '.join(allowed[1:])} only (what the warm start is made "
+                                  f"with goes under the study's `game:`)")
     return check
+
+
+def _check_game_settings(task: str, game: dict, path: str, own_warm_starts: bool) -> None:
+    """`game:` holds settings of the task's game section that its warm start is made with: not the RL section
+    nor the evaluation's size (common and the variants set those), nor another section; and the study trains
+    its own warm starts under it (warm_start_seeds)."""
+    if task not in GAME_TASKS:
+        raise ConfigError(f"{path}: key 'game' applies to agent and tool studies (the game their warm start is "
+                          f"made with); a {task} study's warm start is params.yaml's")
+    runs_keys = game_keys(task)
+    for key in flatten(game):
+        if not key.startswith(f"{task}."):
+            raise ConfigError(f"{path}: game.{key} is not allowed: game holds settings of the {task} section "
+                              f"({task}.env, {task}.sft.*, ...), the game this study's warm start is made with")
+        if any(key == k or key.startswith(k + ".") for k in runs_keys):
+            raise ConfigError(f"{path}: game.{key} is not allowed: it changes the runs, not the warm start: set it "
+                              f"under common or a variant")
+    if not own_warm_starts:
+        raise ConfigError(f"{path}: key 'game' needs warm_start_seeds (e.g. [0, 1]): the study trains its own warm "
+                          f"starts under its game, since the project's models/{task}_sft plays params.yaml's")
 
 
 def _check_project_params(wanted: dict, cfg: Config, shown: str, params_file: Path, task: str) -> None:
@@ -630,6 +663,16 @@ def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -
     project_cfg = load_config(params_file)  # the project's params must be valid first (its message names that file)
     params, _ = read_params(params_file)
     _check_project_params(spec.project_params, project_cfg, shown, params_file, spec.task)
+    game_overrides = expand(spec.game, "game", shown)
+    game: dict[str, Any] = {}
+    if game_overrides:
+        _check_game_settings(spec.task, game_overrides, shown, bool(spec.warm_start_seeds))
+        params = deep_merge(params, game_overrides)  # the study's game, under common and every variant
+        try:
+            game_dump = Config.model_validate({**params, "seed": spec.seeds[0]}).model_dump()
+        except ValidationError as err:
+            raise ConfigError(_explain(shown, err, "game", [("game", game_overrides)])) from None
+        game = {k: _lookup(game_dump, k) for k in flatten(game_overrides)}
     common = expand(spec.common, "common", shown)
     check = _check_game_keys(spec.task) if spec.task in GAME_TASKS else _check_sections
     check(common, "common", shown)
@@ -654,7 +697,8 @@ def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -
         try:
             cfg = Config.model_validate(merged)
         except ValidationError as err:
-            raise ConfigError(_explain(shown, err, where, [(where, own), ("common", common)])) from None
+            raise ConfigError(_explain(shown, err, where, [(where, own), ("common", common),
+                                                      ("game", game_overrides)])) from None
         dump = cfg.model_dump()
         resolved = {k: _lookup(dump, k) for k in flatten(own)}
         variants[name] = Variant(name, train, resolved, cfg)
@@ -666,7 +710,7 @@ def _build(path: Path, project: Path, raw: dict, shown: str, part: str | None) -
                  keep_checkpoints=spec.keep_checkpoints, description=spec.description,
                  common=flatten(common), variants=variants, claims=claims, services=dict(spec.services),
                  task=spec.task, part=part, preconditions=list(preconditions.values()),
-                 warm_start_seeds=list(spec.warm_start_seeds))
+                 warm_start_seeds=list(spec.warm_start_seeds), game=game)
 
 
 def _check_preconditions(spec: StudyFile, shown: str) -> dict[str, Precondition]:

@@ -3,7 +3,10 @@ reports/study/<name>/warm_starts/seed-<w>/ from the project's base student, data
 whose seed is params.yaml's own is the project's (the same recipe, the same seed), so it is linked, not
 trained again. A run links the warm start its seed plays from (`Study.warm_seed`).
 
-A game study's warm start (`task: agent` / `tool`) is the game's warm-start recipe (agent_sft or tool_sft).
+A game study's warm start (`task: agent` / `tool`) is the game's warm-start recipe (agent_sft or tool_sft),
+under params.yaml's game or the study's own (`game:`, e.g. EZPoints on a grid project). Its fingerprint holds the
+game it is made with, and the project's warm start stands for params.yaml's seed only when the study's game
+settings change nothing in params.yaml: a grid warm start is never reused for a card-game study.
 A qa study's is everything its RL runs read that depends on the SFT student, the stages between sft and rl
 in dvc.yaml, run by their own code in the warm start's folder with seed w:
 
@@ -29,7 +32,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from protege.config import Config, load_config
+from protege.config import Config, load_config, read_params
 from protege.paths import (
     BASE_MODEL,
     CURATED,
@@ -45,7 +48,7 @@ from protege.paths import (
     TRAINING_STATES,
 )
 from protege.stages.games import GAMES
-from protege.study.spec import RunSpec, Study
+from protege.study.spec import RunSpec, Study, deep_merge, describe, expand
 
 WARM_DIR = "warm_starts"
 DONE = "fingerprint.txt"   # written last: a warm start with it (and the same fingerprint) is finished
@@ -65,8 +68,15 @@ def stages(task: str) -> tuple[str, ...]:
     return QA_STAGES if task == "qa" else (GAMES[task].sft_stage,)
 
 
-def project_config(study: Study) -> Config:
-    cfg = load_config(study.project / "params.yaml")
+def project_config(study: Study, game: bool = False) -> Config:
+    """params.yaml's config (with `game`: under the study's own game settings, what its game warm starts are made
+    with), a relative model.path still the project's."""
+    params_file = study.project / "params.yaml"
+    if game and study.game:
+        raw, _ = read_params(params_file)
+        cfg = Config.model_validate(deep_merge(raw, expand(study.game, "game", params_file)))
+    else:
+        cfg = load_config(params_file)
     if cfg.model.path is not None and not Path(cfg.model.path).expanduser().is_absolute():
         # the warm start trains in its own folder: a relative model.path stays the project's
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
@@ -78,8 +88,23 @@ def folder(study: Study, seed: int) -> Path:
     return study.out_dir / WARM_DIR / f"seed-{seed}"
 
 
+def game_settings(cfg: Config, task: str) -> dict:
+    """What a game warm start is made with from its section: the section but its RL settings and the final
+    evaluation's size (the runs' settings)."""
+    return GAMES[task].config(cfg).model_dump(exclude={"rl", "eval_episodes", "eval_batch"})
+
+
+def plays_projects_game(study: Study) -> bool:
+    """Whether the study's warm starts are made with params.yaml's game settings: no `game:`, or one that changes
+    nothing there. Otherwise none of them is the project's (models/<task>_sft plays another game)."""
+    if not study.game or study.task not in GAMES:
+        return True
+    return game_settings(project_config(study), study.task) == game_settings(project_config(study, True), study.task)
+
+
 def is_projects(study: Study, seed: int) -> bool:
-    return seed == load_config(study.project / "params.yaml").seed
+    """Whether the warm start of `seed` is the project's own (linked): params.yaml's seed, under its game."""
+    return seed == load_config(study.project / "params.yaml").seed and plays_projects_game(study)
 
 
 def root(study: Study, seed: int | None) -> Path:
@@ -102,7 +127,7 @@ def fingerprint(study: Study, seed: int) -> str:
     from protege.stages.student_model import model_path
     from protege.train.agent_sft import sft_fingerprint
 
-    cfg = project_config(study)
+    cfg = project_config(study, game=True)  # the study's game, when it has one of its own
     base = model_path(cfg, study.project)
     digest = (cfg.model.digest or "") if base is not None else inputs_digest(study.project, [BASE_MODEL])
     return sft_fingerprint(GAMES[study.task].config(cfg), cfg.world.image_size, seed, digest)
@@ -182,12 +207,18 @@ def ensure_game(study: Study, seed: int, log: Callable[[str], None]) -> None:
     dst = folder(study, seed)
     (dst / DONE).unlink(missing_ok=True)
     shutil.rmtree(dst / GAMES[study.task].sft_model, ignore_errors=True)
-    cfg = project_config(study).model_copy(update={"seed": seed})
+    cfg = project_config(study, game=True).model_copy(update={"seed": seed})
     _link_base(study, cfg, dst)
     log(f"{study.part + ':' if study.part else ''}warm start seed {seed}: training "
-        f"{GAMES[study.task].sft_stage} in {dst}")
+        f"{GAMES[study.task].sft_stage}{describe_game(study, ' (', ')')} in {dst}")
     agent_sft.run_game(cfg, GAMES[study.task].config(cfg), dst, QuietRun())
     (dst / DONE).write_text(fingerprint(study, seed) + "\n")
+
+
+def describe_game(study: Study, before: str = "", after: str = "") -> str:
+    """The study's own game settings as 'agent.env=points24 agent.points24.cards=2' (between `before` and
+    `after`), or '' when it plays params.yaml's."""
+    return f"{before}{describe(study.game)}{after}" if study.game else ""
 
 
 def qa_config(study: Study, seed: int) -> Config:

@@ -119,7 +119,7 @@ def test_tool_study_reports_accuracy_and_runtime_errors_with_cis(project, monkey
 
 @pytest.mark.parametrize("change, message", [
     ({"variants": {"grpo": {"tool.sft.steps": 5}}}, "variants.grpo.tool.sft.steps is not allowed: a tool study shares "
-                                                     "the project's warm start (models/tool_sft)"),
+                                                     "its warm start (models/tool_sft)"),
     ({"variants": {"grpo": {"tool.task.max_tool_calls": 3}}}, "variants.grpo.tool.task.max_tool_calls is not allowed"),
     ({"variants": {"grpo": {"agent.rl.lr": 0.1}}}, "variants.grpo.agent.rl.lr is not allowed: a tool study shares"),
     ({"variants": {"grpo": {"rl.lr": 0.1}}}, "variants.grpo.rl.lr is not allowed: a tool study shares"),

@@ -101,3 +101,15 @@ def test_stage_rate_counts_the_work_the_stage_ran_and_refuses_another_games_reco
     assert stage_rate(tmp_path, "agent", cfg) == 2.0
     (tmp_path / "dvc.lock").write_text("stages: [not a mapping")
     assert stage_rate(tmp_path, "agent", cfg) == 2.0
+
+
+def test_a_grid_stage_record_is_no_prior_for_a_study_that_plays_its_own_card_game(tmp_path):
+    """A study part with a game of its own (`game:`, e.g. EZPoints on a grid project) is compared with what the
+    project's RL stage played: the grid's seconds scale to grid runs only, not to the part's card-game runs."""
+    grid = Config.model_validate({"agent": {"rl": {"steps": 5, "seeds_per_step": 2, "group_size": 2}}})
+    cards = grid.model_copy(update={"agent": grid.agent.model_copy(update={"env": "points24"})})
+    (tmp_path / STAGE_METRICS).mkdir(parents=True)
+    (tmp_path / STAGE_METRICS / "agent_rl.json").write_text(json.dumps({"seconds": 40.0}))
+    assert stage_rate(tmp_path, "agent", grid) == 2.0
+    assert stage_rate(tmp_path, "agent", grid, like=grid) == 2.0
+    assert stage_rate(tmp_path, "agent", grid, like=cards) is None

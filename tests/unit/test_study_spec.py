@@ -182,9 +182,13 @@ def test_the_headline_study_file_loads_against_the_project_params(project):
     shutil.copy(REPO / "studies/headline.yaml", project / "headline.yaml")
     suite = load_suite(project / "headline.yaml", project)
     assert [(s.part, s.task) for s in suite.studies] == [("ril", "qa"), ("gtr_turbo", "agent"), ("gtpo", "tool")]
-    # at least 5 RL seeds over 2 warm starts per compared arm: seeds 1, 3, 5 on one, 2 and 4 on the other
-    assert all(s.seeds == [1, 2, 3, 4, 5] and s.warm_start_seeds == [0, 1] for s in suite.studies)
+    # at least 5 RL seeds over 2 warm starts per compared arm: seeds 1, 3, 5 on one, 2 and 4 on the other; GTR-Turbo
+    # on EZPoints takes the reproduced study's first 5 seeds (3-7, not the probe's 1 and 2), alike over its 2
+    assert all(len(s.seeds) == 5 and s.warm_start_seeds == [0, 1] for s in suite.studies)
+    assert suite.study("ril").seeds == suite.study("gtpo").seeds == [1, 2, 3, 4, 5]
+    assert suite.study("gtr_turbo").seeds == [3, 4, 5, 6, 7]
     assert [suite.study("ril").warm_seed(i) for i in (1, 2, 3, 4, 5)] == [0, 1, 0, 1, 0]
+    assert [suite.study("gtr_turbo").warm_seed(i) for i in (3, 4, 5, 6, 7)] == [0, 1, 0, 1, 0]
     ril = suite.study("ril")
     visits = ril.find_run("ril", 1).config.rl.steps * ril.find_run("ril", 1).config.rl.questions_per_step
     assert visits == 9600 and suite.report_paths()["md"] == project / "reports/results.md"
@@ -282,24 +286,196 @@ def test_the_ezpoints_format_study_adds_the_codes_format_rules_and_a_format_only
 
 
 def test_the_headline_claims_require_their_preconditions(project):
-    """GTR-Turbo's claims wait for plain RL's collapse and a leading teacher (the curve every 10 steps);
-    RIL's for a discriminator that separates and a similarity reward that starts in range."""
+    """GTR-Turbo's claims wait for plain PPO's collapse, read from its actions as the EZPoints studies read it,
+    and a leading teacher (the curve every 10 steps); RIL's for a discriminator that separates and a similarity
+    reward that starts in range."""
     from protege.study.spec import load_suite
 
     shutil.copy(REPO / "studies/headline.yaml", project / "headline.yaml")
     suite = load_suite(project / "headline.yaml", project)
     gtr, ril = suite.study("gtr_turbo"), suite.study("ril")
-    assert gtr.find_run("plain", 1).config.agent.rl.eval_every == 10
-    assert gtr.claims[0].requires == ("plain_thoughts_collapse", "teacher_leads")
-    collapse = next(p for p in gtr.preconditions if p.name == "plain_thoughts_collapse")
-    assert (collapse.variant, collapse.metric, collapse.ratio, collapse.window) == ("plain", "distinct_thoughts_per_state",
-                                                                                   0.5, 5)
+    assert gtr.find_run("plain", 3).config.agent.rl.eval_every == 10
+    assert gtr.claims[0].requires == ("plain_actions_collapse", "plain_success_falls", "teacher_leads")
+    assert [(c.better, c.than, c.metric) for c in gtr.claims] == [("gtr_kl", "plain", "success"),
+                                                                  ("gtr_kl", "plain", "format_errors")]
+    actions = next(p for p in gtr.preconditions if p.name == "plain_actions_collapse")
+    assert (actions.variant, actions.metric, actions.direction, actions.ratio, actions.threshold, actions.window) == \
+        ("plain", "format_error_rate", "up", 3.0, 0.3, 5)
     auroc, sim = ril.preconditions
     assert (auroc.metric, auroc.kind, auroc.threshold) == ("disc_pretrain.heldout_auroc", "above", 0.6)
     assert (sim.metric, sim.kind, sim.lo, sim.hi, sim.at) == ("similarity_reward_student", "between", 0.3, 0.7, "first")
     assert all(c.requires == ("disc_separates", "similarity_starts_in_range") for c in ril.claims)
     shutil.copy(REPO / "studies/gtr_turbo.yaml", project / "gtr_turbo.yaml")
-    assert len(load_study(project / "gtr_turbo.yaml", project).preconditions) == 6
+    assert len(load_study(project / "gtr_turbo.yaml", project).preconditions) == 6  # the grid study stays
+
+
+def test_the_headline_gtr_turbo_part_is_the_reproduced_ezpoints_study_on_a_grid_project(project):
+    """The headline's GTR-Turbo part plays EZPoints on the demo's grid project (params.yaml untouched): its
+    warm starts are trained on the 2-card game, none is the project's grid one, and each of its runs is the run
+    of studies/gtr_turbo_ezpoints_format.yaml (the reproduced claim, loaded in a project reconfigured for
+    EZPoints) with the same seed, on the same warm-start seed, with the same preconditions."""
+    import yaml
+
+    from protege.study import warm_starts
+    from protege.study.spec import load_suite
+
+    shutil.copy(REPO / "studies/headline.yaml", project / "headline.yaml")
+    gtr = load_suite(project / "headline.yaml", project).study("gtr_turbo")
+    assert gtr.game == {"agent.env": "points24", "agent.points24.cards": 2}
+    assert yaml.safe_load((project / "params.yaml").read_text())["agent"]["env"] == "grid"
+    warm = warm_starts.project_config(gtr, game=True)
+    assert (warm.agent.env, warm.agent.points24.cards) == ("points24", 2)
+    assert not warm_starts.plays_projects_game(gtr) and not warm_starts.is_projects(gtr, 0)
+    assert [warm_starts.model_dir(gtr, w) for w in (0, 1)] == [
+        gtr.out_dir / f"warm_starts/seed-{w}/models/agent_sft" for w in (0, 1)]
+
+    ez = project / "ez"
+    ez.mkdir()
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["agent"]["env"] = "points24"
+    params["agent"]["points24"] = {**(params["agent"].get("points24") or {}), "cards": 2}
+    (ez / "params.yaml").write_text(yaml.safe_dump(params))
+    shutil.copy(REPO / "studies/gtr_turbo_ezpoints_format.yaml", ez / "fmt.yaml")
+    fmt = load_study(ez / "fmt.yaml", ez)
+    for seed in gtr.seeds:
+        for arm in ("warm_start", "plain", "gtr_kl"):
+            ours, theirs = gtr.find_run(arm, seed), fmt.find_run(arm, seed)
+            assert ours.config == theirs.config and ours.warm_seed == theirs.warm_seed, (arm, seed)
+    assert warm_starts.project_config(fmt, game=True).agent == warm.agent
+    assert gtr.preconditions == fmt.preconditions
+    assert [c.requires for c in gtr.claims] == [fmt.claims[0].requires, fmt.claims[2].requires]
+
+
+def test_dry_run_prints_every_parts_game_warm_starts_claims_and_preconditions(project, monkeypatch):
+    """`protege study studies/headline.yaml --dry-run`: each part's game, its warm starts (trained or the
+    project's) and each claim with the preconditions it requires, their fields as the file fixes them."""
+    monkeypatch.chdir(project)
+    shutil.copy(REPO / "studies/headline.yaml", project / "headline.yaml")
+    res = CliRunner().invoke(app, ["study", "headline.yaml", "--dry-run", "--project", str(project)])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    heads = [out.index(f"part {p} ({t})") for p, t in (("ril", "qa"), ("gtr_turbo", "agent"), ("gtpo", "tool"))]
+    assert heads == sorted(heads)
+    ril, gtr, gtpo = out[heads[0]:heads[1]], out[heads[1]:heads[2]], out[heads[2]:]
+    lines = [line.strip() for line in gtr.splitlines()]
+    assert ("game: agent.env=points24 agent.points24.cards=2 (the part's own, over params.yaml's agent.env=grid "
+            "agent.points24.cards=4): every run plays it, and its warm starts are trained under it") in lines
+    for w in (0, 1):
+        assert any(line.startswith(f"warm start {w}: to train: agent_sft under agent.env=points24 "
+                                   f"agent.points24.cards=2 into {project}/reports/study/headline.gtr_turbo/"
+                                   f"warm_starts/seed-{w}") for line in lines), gtr
+    assert "the project's own" not in gtr
+    claim = lines.index('claim "GTR-Turbo (kl) > plain PPO on EZPoints": gtr_kl - plain on success (rl_final), '
+                        'reproduced when its CI lies above 0')
+    assert [line.split(" (")[0] for line in lines[claim + 1:claim + 4]] == [
+        "requires plain_actions_collapse", "requires plain_success_falls", "requires teacher_leads"]
+    assert lines[claim + 1].startswith("requires plain_actions_collapse (variant plain, metric format_error_rate, "
+                                       "kind collapse, direction up, ratio 3, threshold 0.3, window 5): met when "
+                                       "format_error_rate rises: end >= 3 x start and >= 0.3")
+    assert lines[claim + 2].startswith("requires plain_success_falls (variant plain, metric success_rate, kind "
+                                       "collapse, direction down, ratio 0.5, window 5)")
+    assert lines[claim + 3].startswith("requires teacher_leads (variant gtr_kl, metric teacher_eval_success, kind "
+                                       "at_least_part_of_run, than eval_success, points 1)")
+    assert lines[claim + 4].startswith('claim "GTR-Turbo (kl) keeps fewer format errors than plain PPO on EZPoints": '
+                                       "plain - gtr_kl on format_errors")
+    assert lines[claim + 5].startswith("requires plain_actions_collapse (variant plain")
+    assert any(line.startswith("precondition required by no claim (reported): plain_thoughts_collapse (variant "
+                               "plain, metric distinct_thoughts_per_state, kind collapse, direction down, ratio 0.5, "
+                               "window 5)") for line in lines)
+    assert "requires disc_separates (variant ril, metric disc_pretrain.heldout_auroc, kind above, threshold 0.6)" in ril
+    assert "requires similarity_starts_in_range (variant ril, metric similarity_reward_student, kind between" in ril
+    assert "warm start 0: the project's own (params.yaml seed 0), linked" in ril
+    assert 'claim "GTPO >= GRPO": gtpo - grpo on accuracy (rl_final), reproduced when its CI lies above -1; ' \
+           "no preconditions" in gtpo
+    assert "game: params.yaml's (tool.task.kinds=" in gtpo
+    assert not (project / "reports").exists() and not (project / ".prefect").exists()
+
+
+GAME_STUDY = """
+name: cards
+task: agent
+seeds: [1, 2]
+warm_start_seeds: [0, 1]
+game: {agent.env: points24, agent.points24: {cards: 2}}
+baseline: plain
+variants:
+  warm_start: {train: false}
+  plain: {agent.rl.gtr.guidance: none}
+"""
+
+
+def test_a_game_of_its_own_is_part_of_the_warm_starts_identity(project):
+    """A study's `game:` reaches every run and its warm starts: their fingerprint holds it, so a grid warm start
+    in the same folder is not finished for the card game (it is trained again), the project's grid warm start
+    stands for none of its seeds, and its runs neither read nor depend on the project's models/agent_sft."""
+    from protege.errors import UserFacingError
+    from protege.study import warm_starts
+    from protege.study.runner import check_upstream, plan
+
+    cards = load_study(write(project, GAME_STUDY), project)
+    grid = load_study(write(project, GAME_STUDY.replace("game: {agent.env: points24, agent.points24: {cards: 2}}\n",
+                                                        ""), "grid.yaml"), project)
+    assert cards.name == grid.name == "cards" and grid.game == {}  # the same folders: only the game differs
+    assert cards.game == {"agent.env": "points24", "agent.points24.cards": 2}
+    assert all(r.config.agent.env == "points24" and r.config.agent.points24.cards == 2 for r in cards.runs())
+    assert all(r.config.agent.env == "grid" for r in grid.runs())
+
+    # the project's warm start is params.yaml's seed under params.yaml's game only
+    assert warm_starts.is_projects(grid, 0) and not warm_starts.is_projects(cards, 0)
+    assert warm_starts.model_dir(grid, 0) == project / "models/agent_sft"
+    assert warm_starts.model_dir(cards, 0) == cards.out_dir / "warm_starts/seed-0/models/agent_sft"
+    for w in (0, 1):
+        assert warm_starts.fingerprint(cards, w) != warm_starts.fingerprint(grid, w)
+    # a grid warm start finished in the folder is not the card game's: the card study trains it again
+    done = warm_starts.folder(grid, 1)
+    (done / "models/agent_sft").mkdir(parents=True)
+    (done / warm_starts.DONE).write_text(warm_starts.fingerprint(grid, 1) + "\n")
+    assert warm_starts.finished(grid, 1) and not warm_starts.finished(cards, 1)
+    assert warm_starts.pending(cards, cards.runs()) == [0, 1] and warm_starts.pending(grid, grid.runs()) == []
+
+    # the card study's runs depend on their own warm starts, not on the project's (grid) models/agent_sft
+    before = {p.run.key: p.fingerprint for p in plan(cards)}
+    grid_before = {p.run.key: p.fingerprint for p in plan(grid)}
+    assert set(before.values()).isdisjoint(grid_before.values())
+    (project / "models/agent_sft").mkdir(parents=True)
+    (project / "models/agent_sft/config.json").write_text("{}")
+    assert {p.run.key: p.fingerprint for p in plan(cards)} == before
+    assert {p.run.key: p.fingerprint for p in plan(grid)} != grid_before
+    # it needs the base student to train its warm starts, not the project's warm start
+    with pytest.raises(UserFacingError, match="models/base is missing.*dvc repro world"):
+        check_upstream(cards)
+    (project / "models/base").mkdir(parents=True)
+    shutil.rmtree(project / "models/agent_sft")
+    check_upstream(cards)
+    with pytest.raises(UserFacingError, match="dvc repro agent_sft"):
+        check_upstream(grid)
+
+    # a game that changes nothing in params.yaml keeps the project's warm start for its seed
+    same = load_study(write(project, GAME_STUDY.replace("{agent.env: points24, agent.points24: {cards: 2}}",
+                                                        "{agent.env: grid}"), "same.yaml"), project)
+    assert warm_starts.plays_projects_game(same) and warm_starts.is_projects(same, 0)
+
+
+@pytest.mark.parametrize("change, expected", [
+    (("task: agent", "task: qa"), "key 'game' applies to agent and tool studies"),
+    (("agent.points24: {cards: 2}", "agent.rl.steps: 3"), "game.agent.rl.steps is not allowed: it changes the runs"),
+    (("agent.points24: {cards: 2}", "agent.eval_episodes: 3"), "game.agent.eval_episodes is not allowed"),
+    (("agent.points24: {cards: 2}", "world.n_train: 3"), "game.world.n_train is not allowed: game holds settings of "
+                                                         "the agent section"),
+    (("agent.points24: {cards: 2}", "tool.sft.steps: 3"), "game.tool.sft.steps is not allowed"),
+    (("agent.env: points24", "agent.env: chess"), "game.agent.env expects"),
+    (("agent.points24: {cards: 2}", "agent.points24: {cardz: 2}"), "unknown key 'game.agent.points24.cardz'"),
+    (("warm_start_seeds: [0, 1]\n", ""), "key 'game' needs warm_start_seeds"),
+    (("game: {", "gmae: {"), "unknown key 'gmae'"),
+])
+def test_a_bad_game_setting_is_one_line(project, change, expected):
+    old, new = change
+    assert old in GAME_STUDY
+    path = write(project, GAME_STUDY.replace(old, new))
+    with pytest.raises(ConfigError) as exc:
+        load_study(path, project)
+    msg = str(exc.value)
+    assert expected in msg and msg.startswith(str(path)) and "\n" not in msg, msg
 
 
 def test_warm_start_seeds_for_game_and_qa_studies(project):
