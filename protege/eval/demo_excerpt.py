@@ -17,14 +17,13 @@ from protege.paths import EVAL_JSON
 
 START, END = "<!-- demo-excerpt:start (python -m protege.eval.demo_excerpt . --write README.md) -->", \
     "<!-- demo-excerpt:end -->"
-GAMES = (("agent game, held-out layouts", "reports/agent/summary.json"),
-         ("tool environment, held-out questions", "reports/tool/summary.json"))
+GAMES = (("agent game", "reports/agent/summary.json"), ("tool environment", "reports/tool/summary.json"))
 RUNS = Path(__file__).resolve().parents[2] / "docs" / "demo-runs.json"
 
 
 def _row(label: str, d: dict) -> str:
     lo, hi = d["ci"]
-    return f"{label:52s} {d['diff']:+5.1f} points [{lo:+5.1f}, {hi:+5.1f}]  {verdict(d['ci'])}"
+    return f"{label:50s} {d['diff']:+5.1f} points [{lo:+5.1f}, {hi:+5.1f}]  {verdict(d['ci'])}"
 
 
 def rows(project: Path) -> list[str]:
@@ -35,7 +34,7 @@ def rows(project: Path) -> list[str]:
     out = []
     for label, d in json.loads(path.read_text())["differences"].items():
         if "world_test" in d:
-            out.append(_row(f"{label} (world test split, %)", d["world_test"]))
+            out.append(_row(f"world test split: {label}", d["world_test"]))
     for game, rel in GAMES:
         summary = project / rel
         if not summary.is_file():
@@ -45,7 +44,7 @@ def rows(project: Path) -> list[str]:
         for key, name in (("end", "last RL checkpoint"), ("merged_teacher", "merged teacher")):
             if s.get(key) and "per_episode" in s[key]:
                 after = {str(e["seed"]): float(e["success"]) for e in s[key]["per_episode"]}
-                out.append(_row(f"{name} - warm start ({game})", paired_bootstrap(start, after)))
+                out.append(_row(f"{game}: {name} - warm start", paired_bootstrap(start, after)))
     return out
 
 
@@ -58,8 +57,9 @@ def spread(runs: list[dict]) -> list[str]:
              f"(docs/demo-runs.json), the same rows moved:"]
     for key in sorted({k for r in runs for k in r["figures"]}):
         values = [r["figures"][key] for r in runs if key in r["figures"]]
+        sign = "" if key.endswith("(%)") else "+"  # a difference is signed, a level is not
         if len(values) > 1:
-            lines.append(f"  {key:48s} {min(values):+6.1f} to {max(values):+6.1f}")
+            lines.append(f"  {key:48s} {min(values):{sign}6.1f} to {max(values):{sign}6.1f}")
     return lines + ["The CPU's kernels differ between machines; on one machine every stage is bitwise "
                     "reproducible (docs/demo.md). Read a row's CI, not its digits."]
 

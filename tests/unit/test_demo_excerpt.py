@@ -22,9 +22,9 @@ def project(tmp_path, start, end):
 def test_rows_are_the_reports_differences_with_their_verdicts(tmp_path):
     # 10 layouts: the RL checkpoint solves 4 more, loses none: +40 points, every resample above zero
     rows = demo_excerpt.rows(project(tmp_path, [1, 1, 0, 0, 0, 0, 1, 0, 1, 0], [1, 1, 1, 1, 1, 1, 1, 0, 1, 0]))
-    assert rows[0].startswith("rl_final - sft (world test split, %)") and "-1.2 points [ -3.0,  +0.5]" in rows[0]
+    assert rows[0].startswith("world test split: rl_final - sft") and "-1.2 points [ -3.0,  +0.5]" in rows[0]
     assert rows[0].endswith("CI crosses zero")
-    assert rows[1].startswith("last RL checkpoint - warm start (agent game") and "+40.0 points" in rows[1]
+    assert rows[1].startswith("agent game: last RL checkpoint - warm start") and "+40.0 points" in rows[1]
     assert rows[1].endswith("CI above zero") and len(rows) == 2  # no tool summary, no merged teacher
 
 
@@ -32,7 +32,7 @@ def test_spread_and_the_readme_markers(tmp_path):
     runs = [{"machine": "A", "figures": {"tool warm start (%)": 47.5}},
             {"machine": "B", "figures": {"tool warm start (%)": 66.0}}]
     text = demo_excerpt.excerpt(project(tmp_path, [1, 0], [1, 1]), runs)
-    assert "Across 2 measured fresh-clone runs on 2 machines" in text and "+47.5 to  +66.0" in text
+    assert "Across 2 measured fresh-clone runs on 2 machines" in text and "  47.5 to   66.0" in text
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{demo_excerpt.START}\nold rows\n{demo_excerpt.END}\nrest\n")
     demo_excerpt.write(readme, text)
