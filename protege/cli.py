@@ -177,12 +177,18 @@ def stage_record(name: str, cfg, root: Path) -> dict:
     if (root / "dvc.yaml").exists():
         spec = read_dvc_yaml(root).get(name, {})
     keys = [str(k) for k in spec.get("params", [])] if spec else list(values)
-    params = {}
+    # dvc.yaml lists a section's keys one by one (a key that changes nothing is left out); the record nests
+    # them again, so it reads as params.yaml does
+    params: dict = {}
     for key in keys:
         node = values
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        params[key] = node
+        *path, last = key.split(".")
+        into = params
+        for part in path:
+            into = into.setdefault(part, {})
+        into[last] = node
     deps = [entry_path(d) for d in spec.get("deps", [])]
     inputs = {d: tracking.input_digest(root, d) for d in deps
               if not d.startswith("protege/") and (root / d).exists()}

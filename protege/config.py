@@ -766,6 +766,14 @@ class AgentRLConfig(SamplingConfig):
         return self
 
     @model_validator(mode="after")
+    def _policy_updated(self):
+        if self.algorithm == "ppo" and self.ppo.value_warmup_steps >= self.steps:
+            raise ValueError(f"ppo.value_warmup_steps ({self.ppo.value_warmup_steps}) must be below steps "
+                             f"({self.steps}): the warm-up steps train the value head alone, so the policy would "
+                             "never be updated")
+        return self
+
+    @model_validator(mode="after")
     def _ppo_on_torch(self):
         if self.algorithm == "ppo" and self.backend != "torch":
             raise ValueError("algorithm ppo trains its value head beside the policy with the torch updater; "
@@ -794,7 +802,9 @@ class AgentConfig(Section):
     sft: AgentSFTConfig = AgentSFTConfig()
     # PPO, GTR-Turbo's base, with its KL guidance to the merge of the run's checkpoints, the rate annealed as
     # GTR-Turbo's code anneals it. A sub-section given in part keeps these (see Section._declared_defaults).
-    rl: AgentRLConfig = AgentRLConfig(algorithm="ppo", schedule="cosine", gtr=GTRConfig(guidance="kl"))
+    # The value head fits alone for 5 steps first (not in GTR-Turbo's code, docs/deviations.md).
+    rl: AgentRLConfig = AgentRLConfig(algorithm="ppo", schedule="cosine", gtr=GTRConfig(guidance="kl"),
+                                      ppo=PPOConfig(value_warmup_steps=5))
     eval_episodes: int = Field(200, ge=1, le=1_000_000, **affects(OUTPUTS))  # held-out seeds: the success rate
     eval_batch: int = Field(64, ge=1, le=1_000_000, **affects(OUTPUTS))
 

@@ -1,4 +1,6 @@
+import os
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -6,6 +8,17 @@ import pytest
 from protege.config import ModelConfig, WorldConfig
 
 REPO = Path(__file__).resolve().parents[1]
+
+# DeepSpeed JIT-builds its CPU shared-memory collective (deepspeed_shm_comm) with ninja in the first process that
+# initialises it on the CPU, into one folder per user (~/.cache/torch_extensions) that every checkout and
+# virtual environment on the machine shares. A build by another checkout (other paths) or by another ninja
+# (pip's 1.13 in .venv/bin hashes commands unlike the system's 1.11) marks it stale, and the next test process
+# rebuilds it (about 50 s of a core, every other DeepSpeed process waiting on the build lock). The tests' own
+# folder in this environment and this environment's ninja first on PATH: built once, then only loaded.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+_BIN = str(Path(sys.executable).parent)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 TINY_WORLD = WorldConfig(n_train=48, n_rl=16, n_val=8, n_test=16)
 

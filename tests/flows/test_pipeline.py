@@ -37,6 +37,8 @@ def tiny_params(**rl_overrides) -> str:
                 params[section][key].update(value)
             else:
                 params[section][key] = value
+    # the demo's value warm-up (5 steps) is longer than these 2: one step of it, then one PPO update
+    params["agent"]["rl"]["ppo"]["value_warmup_steps"] = 1
     params["rl"].update(rl_overrides)
     return yaml.safe_dump(params)
 

@@ -9,7 +9,8 @@ from protege.config import Config, ConfigError
 from tests.conftest import REPO
 
 AGENT = {"grid": {"max_turns": 2}, "sft": {"episodes": 8, "steps": 2, "batch_size": 4},
-         "rl": {"steps": 2, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6, "save_every": 1},
+         "rl": {"steps": 2, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6, "save_every": 1,
+                "ppo": {"value_warmup_steps": 1}},
          "eval_episodes": 6, "eval_batch": 6}
 
 STUDY = """

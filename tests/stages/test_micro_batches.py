@@ -192,7 +192,7 @@ def agent_cfg(algorithm, guidance="none", tokens=None, objective="token"):
         "grid": {"max_turns": 2},
         "rl": {"algorithm": algorithm, "steps": 1, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6,
                "save_every": 1, "lr": 1e-3, "kl_beta": 0.0 if rl4vlm else 0.04, "micro_batch_tokens": tokens,
-               "temperature": 0.5 if rl4vlm else 1.0, "ppo": {"objective": objective},
+               "temperature": 0.5 if rl4vlm else 1.0, "ppo": {"objective": objective, "value_warmup_steps": 0},
                "gtr": {"guidance": guidance, "merge": "average"}, "schedule": "constant"},
         "eval_episodes": 2})
 

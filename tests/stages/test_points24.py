@@ -17,7 +17,7 @@ def points24_cfg():
         "points24": {"cards": 2, "max_turns": 4},
         "sft": {"episodes": 6, "steps": 2, "batch_size": 4},
         "rl": {"algorithm": "ppo", "steps": 2, "seeds_per_step": 2, "group_size": 2, "max_new_tokens": 6,
-               "save_every": 1, "lr": 1e-3, "ppo": {"epochs": 1}, "gtr": {"guidance": "kl", "merge": "average"}},
+               "save_every": 1, "lr": 1e-3, "ppo": {"epochs": 1, "value_warmup_steps": 0}, "gtr": {"guidance": "kl", "merge": "average"}},
         "eval_episodes": 2})
 
 

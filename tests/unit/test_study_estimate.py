@@ -10,7 +10,7 @@ from protege.study.estimate import Finished, describe, run_seconds, stage_rate, 
 
 def test_work_is_steps_times_rollouts_per_step():
     cfg = Config.model_validate({"rl": {"steps": 10, "questions_per_step": 4, "group_size": 2},
-                                 "agent": {"rl": {"steps": 5, "seeds_per_step": 3, "group_size": 4}}})
+                                 "agent": {"rl": {"ppo": {"value_warmup_steps": 0}, "steps": 5, "seeds_per_step": 3, "group_size": 4}}})
     assert work(cfg, "qa") == 80.0
     assert work(cfg, "agent") == 60.0
 
@@ -48,7 +48,7 @@ def test_describe_says_what_it_rests_on():
 
 
 def test_stage_rate_reads_the_projects_rl_record(tmp_path):
-    cfg = Config.model_validate({"agent": {"rl": {"steps": 5, "seeds_per_step": 2, "group_size": 2}}})
+    cfg = Config.model_validate({"agent": {"rl": {"ppo": {"value_warmup_steps": 0}, "steps": 5, "seeds_per_step": 2, "group_size": 2}}})
     assert stage_rate(tmp_path, "agent", cfg) is None
     (tmp_path / STAGE_METRICS).mkdir(parents=True)
     (tmp_path / STAGE_METRICS / "agent_rl.json").write_text(json.dumps({"seconds": 40.0}))
@@ -85,7 +85,7 @@ def test_describe_counts_the_warm_starts_before_the_runs():
 def test_stage_rate_counts_the_work_the_stage_ran_and_refuses_another_games_record(tmp_path):
     """dvc.lock says what the project's RL stage ran with: its work is counted from those params, and a record
     of another game (or output length) than params.yaml's now is no prior at all."""
-    cfg = Config.model_validate({"agent": {"env": "points24", "rl": {"steps": 5, "seeds_per_step": 2, "group_size": 2}}})
+    cfg = Config.model_validate({"agent": {"env": "points24", "rl": {"ppo": {"value_warmup_steps": 0}, "steps": 5, "seeds_per_step": 2, "group_size": 2}}})
     (tmp_path / STAGE_METRICS).mkdir(parents=True)
     (tmp_path / STAGE_METRICS / "agent_rl.json").write_text(json.dumps({"seconds": 40.0}))
     recorded = cfg.model_dump()["agent"]
@@ -106,7 +106,7 @@ def test_stage_rate_counts_the_work_the_stage_ran_and_refuses_another_games_reco
 def test_a_grid_stage_record_is_no_prior_for_a_study_that_plays_its_own_card_game(tmp_path):
     """A study part with a game of its own (`game:`, e.g. EZPoints on a grid project) is compared with what the
     project's RL stage played: the grid's seconds scale to grid runs only, not to the part's card-game runs."""
-    grid = Config.model_validate({"agent": {"rl": {"steps": 5, "seeds_per_step": 2, "group_size": 2}}})
+    grid = Config.model_validate({"agent": {"rl": {"ppo": {"value_warmup_steps": 0}, "steps": 5, "seeds_per_step": 2, "group_size": 2}}})
     cards = grid.model_copy(update={"agent": grid.agent.model_copy(update={"env": "points24"})})
     (tmp_path / STAGE_METRICS).mkdir(parents=True)
     (tmp_path / STAGE_METRICS / "agent_rl.json").write_text(json.dumps({"seconds": 40.0}))
