@@ -49,7 +49,9 @@ def rows(project: Path) -> list[str]:
 
 
 def spread(runs: list[dict]) -> list[str]:
-    """How far each row moved across the measured runs (each a fresh clone on one machine)."""
+    """How far each row moved across the measured runs (each a fresh clone on one machine). A run's
+    `superseded` figures were computed by a method that has changed since; they stay on record, out of the
+    spread."""
     if len(runs) < 2:
         return []
     machines = sorted({r["machine"] for r in runs})

@@ -40,6 +40,16 @@ def test_spread_and_the_readme_markers(tmp_path):
     assert "old rows" not in body and text in body and body.startswith("intro\n") and body.endswith("rest\n")
 
 
+def test_superseded_figures_stay_out_of_the_spread():
+    # the agent row before a change of method is on record, but only runs of the current method are compared
+    key = "agent game last RL - warm start (points)"
+    runs = [{"machine": "A", "figures": {}, "superseded": {key: -5.0}},
+            {"machine": "B", "figures": {key: 1.5}}, {"machine": "C", "figures": {key: 0.5}}]
+    lines = demo_excerpt.spread(runs)
+    assert any(key in line and "+0.5 to   +1.5" in line for line in lines), lines
+    assert not any("-5.0" in line for line in lines)
+
+
 def test_missing_reports_and_markers_are_named(tmp_path):
     with pytest.raises(UserFacingError, match="reports/eval.json is missing: run `make demo`"):
         demo_excerpt.rows(tmp_path)
