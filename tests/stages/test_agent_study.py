@@ -145,7 +145,7 @@ baseline: plain
 bootstrap: 200
 variants:
   warm_start: {train: false}
-  plain: {agent.rl.steps: 1}
+  plain: {agent.rl.steps: 1, agent.rl.ppo.value_warmup_steps: 0}
 claims:
   - {better: plain, than: warm_start}
 """
