@@ -5,7 +5,9 @@ tracking server on loopback, with every deployment of prefect.yaml applied to th
     python -m flows.service stop               # stops exactly what `start` started (from .service/service.json)
 
 Each service runs in its own process group, so stopping one also stops what it spawned (the worker's flow
-runs, the servers' own workers) and nothing else. Logs go to .service/*.log.
+runs, the servers' own workers) and nothing else. Logs go to .service/*.log. Beside them runs a stage host
+(protege/stage_host.py): each stage a retrain dispatches is a flow run of its own, and its `protege stage`
+command is forked from the host instead of importing torch, transformers and MLflow again (about 5 s a stage).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -111,7 +114,16 @@ def start(project: Path, prefect_port: int, mlflow_port: int) -> dict:
         state_path.write_text(json.dumps(state, indent=2))
 
     try:
-        logs = {name: state_dir / f"{name}.log" for name in ("prefect-server", "mlflow-server", "worker")}
+        logs = {name: state_dir / f"{name}.log" for name in ("prefect-server", "mlflow-server", "worker",
+                                                             "stage-host")}
+        from protege.stage_client import SOCKET_ENV
+
+        # a short path: a unix socket's path is limited to ~100 bytes, a project's folder is not
+        state["stage_host_socket"] = str(Path(tempfile.mkdtemp(prefix="protege-host-")) / "sock")
+        host = _spawn([sys.executable, "-u", "-m", "protege.stage_host", state["stage_host_socket"]], env, project,
+                      logs["stage-host"])
+        state["pids"]["stage-host"] = host.pid
+        env = dict(env, **{SOCKET_ENV: state["stage_host_socket"]})  # the worker's flow runs inherit it
         server = _spawn([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                          "--port", str(prefect_port)], env, project, logs["prefect-server"])
         state["pids"]["prefect-server"] = server.pid
@@ -189,6 +201,13 @@ def stop(project: Path, grace_s: float = 20.0) -> list[str]:
     supervisor = state.get("supervisor")
     if supervisor and supervisor != os.getpid() and _alive(supervisor):
         os.kill(supervisor, signal.SIGTERM)  # a foreground `make serve` ends too
+    if state.get("stage_host_socket"):
+        socket_path = Path(state["stage_host_socket"])
+        socket_path.unlink(missing_ok=True)
+        try:
+            socket_path.parent.rmdir()
+        except OSError:
+            pass
     state_path.unlink(missing_ok=True)
     return sorted(groups)
 

@@ -361,7 +361,7 @@ class ModelConfig(Section):
     digest: str | None = None
     trust_remote_code: bool = False   # families that ship their own code run it only when this is set
     dtype: Literal["float32", "bfloat16"] = "float32"  # weights; bfloat16 also autocasts where supported
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30% slower
+    gradient_checkpointing: bool = False  # policy and discriminator recompute activations in backward: less memory, ~30% slower
     lora: LoraSettings = LoraSettings()   # used where a stage's trainable is `lora`
     hidden_size: int = Field(64, ge=8, le=65_536)
     num_layers: int = Field(2, ge=1, le=1024)

@@ -20,6 +20,16 @@ _BIN = str(Path(sys.executable).parent)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
+# Each test process gets its share of the cores (torch's default is every core in every process): with two
+# xdist workers on two cores, two threads each made torch's workers spin against each other, and the RL loop,
+# agent and micro-batch tests took 368 s where one thread each takes 39 s. Stages the tests start in
+# subprocesses inherit the share.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    if "torch" in sys.modules:  # imported before this file (a plugin): the variable came too late for it
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 TINY_WORLD = WorldConfig(n_train=48, n_rl=16, n_val=8, n_test=16)
 
 

@@ -63,6 +63,21 @@ class Discriminator(nn.Module):
         """The backbone's config: what its memory plan and micro-batch budget are read from."""
         return self.backbone.config
 
+    def enable_recompute(self) -> "Discriminator":
+        """Activation checkpointing on the backbone (`model.gradient_checkpointing`): each layer keeps its input
+        only and recomputes the rest in the backward pass, as the policy does."""
+        self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return self
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """Whether the backbone recomputes (the micro-batch budget reads it, runtime.micro.budget_tokens)."""
+        backbone = self.backbone
+        return bool(getattr(backbone, "is_activation_checkpointing", None) if hasattr(backbone, "is_activation_checkpointing")
+                    else getattr(backbone, "is_gradient_checkpointing", False))
+
+    is_activation_checkpointing = is_gradient_checkpointing
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
@@ -108,12 +123,15 @@ class Discriminator(nn.Module):
 
 
 def load_discriminator(path: str | Path, *, from_student: bool = False, trust_remote_code: bool = False,
-                       dtype: str = "float32", lora=None) -> Discriminator:
+                       dtype: str = "float32", lora=None, recompute: bool = False) -> Discriminator:
     """The discriminator saved at `path` (or a fresh one on the student checkpoint at `path`) in `dtype`
     (`model.dtype`: bf16 backbone and autocast forwards; the head stays float32), with fresh adapters on its
-    backbone when `lora` (`model.lora` settings) is given."""
+    backbone when `lora` (`model.lora` settings) is given, recomputing activations in the backward pass when
+    `recompute` (`model.gradient_checkpointing`)."""
     make = Discriminator.from_student if from_student else Discriminator.load
     disc = with_precision(make(path, trust_remote_code, dtype=DTYPES[dtype]), dtype)
+    if recompute:  # before the adapters: peft's wrapper passes the call on, and the base model's layers recompute
+        disc.enable_recompute()
     if lora is not None:
         disc.add_lora(lora.rank, lora.alpha, lora.dropout, lora.target_modules)
     return disc

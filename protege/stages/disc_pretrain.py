@@ -53,7 +53,7 @@ def run(cfg: Config, root: Path, run) -> None:
         say("disc_pretrain", f"{len(student)} student + {len(teacher)} teacher answers "
                              f"({teacher['teacher'].value_counts().to_dict()})")
     disc = load_discriminator(root / SFT_MODEL, from_student=True, trust_remote_code=cfg.model.trust_remote_code,
-                              dtype=cfg.model.dtype,
+                              dtype=cfg.model.dtype, recompute=cfg.model.gradient_checkpointing,
                               lora=cfg.model.lora if discriminator_trainable(cfg.disc_pretrain.trainable, cfg.model) == "lora" else None)
     processor = StudentProcessor.from_pretrained(root / SFT_MODEL, cfg.model.trust_remote_code)
 

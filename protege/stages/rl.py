@@ -154,7 +154,8 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     rows = load_rows(root / CURATED_RL)
     processor.check_images(rows, str(CURATED_RL))
     disc = (load_discriminator(root / DISCRIMINATOR, trust_remote_code=cfg.model.trust_remote_code,
-                               dtype=cfg.model.dtype, lora=cfg.model.lora if discriminator_trainable(c.disc_trainable, cfg.model) == "lora" else None)
+                               dtype=cfg.model.dtype, recompute=cfg.model.gradient_checkpointing,
+                               lora=cfg.model.lora if discriminator_trainable(c.disc_trainable, cfg.model) == "lora" else None)
             if ril else None)
     inputs = RLInputs(rows, teacher_answers(root) if ril else {}, disc, judge, evaluator=curve,
                       max_prompt_tokens=cfg.curate.max_tokens)  # curate dropped every longer question

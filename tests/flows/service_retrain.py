@@ -10,6 +10,7 @@ another runs waits for it (one writer per DVC workspace); `stop` leaves no proce
 """
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -113,6 +114,8 @@ def test_retrain_deployment_on_a_local_service(finished_project):
     try:
         assert start.returncode == 0, start.stdout[-3000:] + start.stderr[-3000:]
         assert f"http://127.0.0.1:{prefect_port}" in start.stdout and f"http://127.0.0.1:{mlflow_port}" in start.stdout
+        # the worker's stage runs fork from a warm stage host, a service of its own that `stop` ends too
+        assert "stage-host" in started["pids"]
         print(f"service up in {time.monotonic() - t0:.0f} s")
         base = f"http://127.0.0.1:{prefect_port}/api"
         client_env = dict(env, MLFLOW_TRACKING_URI=f"http://127.0.0.1:{mlflow_port}")
@@ -142,6 +145,7 @@ def test_retrain_deployment_on_a_local_service(finished_project):
         runs = [wait_final(base, i, 1800) for i in ids]
         print(f"two retrains, one with new data: {time.monotonic() - t1:.0f} s")
         assert all(r["state"]["type"] == "COMPLETED" for r in runs), [r["state"] for r in runs]
+        assert os.path.exists(started["stage_host_socket"])  # the host was up and listening
         # one writer: whichever the worker took first, the other started only after it had ended
         trained, queued = sorted(runs, key=lambda r: r["start_time"])
         assert queued["start_time"] >= trained["end_time"], (queued["start_time"], trained["end_time"])
@@ -181,6 +185,7 @@ def test_retrain_deployment_on_a_local_service(finished_project):
                               env=env, capture_output=True, text=True, timeout=120)
         from flows.service import _group_alive
 
+        assert not os.path.exists(os.path.dirname(started.get("stage_host_socket", "/nonexistent/sock")))
         for name, pgid in started.get("pids", {}).items():
             assert not _group_alive(pgid), f"{name} (process group {pgid}) still running after stop: " \
                                            f"{stop.stdout}{stop.stderr}"

@@ -236,6 +236,36 @@ def test_gradient_checkpointing_gives_the_same_update(tmp_path, tiny_world):
     assert all(torch.allclose(w_a[k], w_b[k], atol=1e-6) for k in w_a)
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_discriminator_recomputes_as_the_policy_does(tmp_path, tiny_world, lora):
+    """model.gradient_checkpointing reaches the discriminator (with or without adapters): its backbone
+    recomputes, its micro-batch budget counts on that, and its training is the same."""
+    from protege.config import Config
+    from protege.models.discriminator import load_discriminator
+    from protege.runtime.micro import budget_tokens
+
+    folder = build_family("qwen2_5_vl", tmp_path / "base")
+    _, processor = load_student(folder)
+    train = [r for r in load_rows(tiny_world / "train.parquet") if not isinstance(r.image, list)][:6]
+    examples = [Example(r.id, r.question, r.image, a, label) for r in train
+                for a, label in ((r.answer, 1.0), (f"The answer is {r.answer}.", 0.0))]
+    adapters = Config.model_validate({"model": {"lora": {"rank": 4, "alpha": 8, "dropout": 0.0}}}).model.lora
+    results = []
+    for recompute in (False, True):
+        torch.manual_seed(0)  # the same fresh adapters in both
+        disc = load_discriminator(folder, from_student=True, recompute=recompute, lora=adapters if lora else None)
+        assert disc.is_gradient_checkpointing == recompute
+        results.append((budget_tokens(None, disc), pretrain_discriminator(
+            disc, processor, examples, DiscPretrainConfig(steps=2, batch_size=4, lr=1e-2), seed=0), state(disc)))
+    (plain_budget, plain, w_a), (budget, again, w_b) = results
+    assert budget > plain_budget  # each layer keeps its input only
+    assert again["heldout_accuracy"] == plain["heldout_accuracy"]
+    assert all(torch.allclose(w_a[k], w_b[k], atol=1e-6) for k in w_a)
+    assert any(not torch.equal(w_a[k], v) for k, v in state(load_discriminator(folder, from_student=True,
+                                                                              lora=adapters if lora else None)).items()
+               if k.startswith("head."))
+
+
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
 def test_lora_agent_rl_with_a_merged_teacher(family, tmp_path):
     """agent.rl.trainable lora: only adapters move; the KL reference is the policy with adapters off (the first
