@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from collections.abc import Callable
 
 import torch
@@ -251,6 +252,21 @@ class DeepSpeedUpdater:
         return list(zero.single_partition_of_fp32_groups if self.zero_stage < 3 else zero.fp32_partitioned_groups_flat)
 
 
+def zero3_lora_warning(model, zero_stage: int, key: str) -> str | None:
+    """Why ZeRO-3 is the wrong stage for a LoRA model, or None. ZeRO-3 partitions every parameter, the frozen base
+    included: each forward gathers the base's layers again, and the LM head again for every log-prob chunk, while
+    what trains (the adapters and their optimizer state) is small enough for ZeRO-2 to keep whole on each rank."""
+    from protege.models.lora import is_lora
+
+    if zero_stage != 3 or not is_lora(model):
+        return None
+    zero_key = key.rsplit(".", 1)[0] + ".zero_stage"
+    return (f"{zero_key} is 3 with LoRA adapters: ZeRO-3 partitions the frozen base too, so every forward gathers it "
+            f"again (and the LM head for each log-prob chunk); the adapters and their optimizer state are small, and "
+            f"ZeRO-2 keeps the base whole on each rank without these gathers. Set {zero_key}: 2 unless the base "
+            f"alone does not fit on one device")
+
+
 def make_updater(backend: str, model, params, lr: float, zero_stage: int, device: torch.device | None = None, *,
                  key: str = "rl.backend", weight_decay: float = 0.0, clip: float = 1.0,
                  lr_lambda: Callable[[int], float] | None = None):
@@ -261,6 +277,9 @@ def make_updater(backend: str, model, params, lr: float, zero_stage: int, device
                                   f"{world()[1]} (WORLD_SIZE); set {key}: deepspeed for a multi-process run")
         return TorchUpdater(model, params, lr, clip=clip, weight_decay=weight_decay, lr_lambda=lr_lambda)
     if backend == "deepspeed":
+        warning = zero3_lora_warning(model, zero_stage, key)
+        if warning and world()[0] == 0:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         return DeepSpeedUpdater(model, params, lr, zero_stage, clip=clip, device=device, weight_decay=weight_decay,
                                 lr_lambda=lr_lambda, key=key)
     raise UserFacingError(f"{key} is {backend!r}; expected 'torch' or 'deepspeed'")

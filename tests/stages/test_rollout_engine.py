@@ -123,3 +123,44 @@ def test_benchmark_answers_take_an_engine(tiny_student, tiny_processor):
     by_model = generate_predictions(tiny_student, tiny_processor, items, batch_size=3, max_new_tokens=5)
     assert [(p.index, p.text, p.tokens) for p in by_engine] == [(p.index, p.text, p.tokens) for p in by_model]
     assert sorted(map(len, engine.images_seen)) == sorted(len(it.images) for it in items)
+
+
+def test_an_engine_samples_without_gathering_the_policy(tiny_student, tiny_processor, tiny_world, tmp_path, engines,
+                                                        monkeypatch):
+    """Under ZeRO-3 a gather assembles the whole policy on every rank (a collective): an engine that samples from
+    its own copy of the weights needs none, so its rollouts are taken outside one; the policy's own are inside."""
+    import contextlib
+
+    from protege.runtime import updaters
+
+    depth = {"now": 0}
+    seen = []
+
+    @contextlib.contextmanager
+    def counting(self, modifier_rank=None):
+        depth["now"] += 1
+        try:
+            yield
+        finally:
+            depth["now"] -= 1
+
+    monkeypatch.setattr(updaters.TorchUpdater, "gathered", counting)
+    real_sample = CopyEngine.sample
+    monkeypatch.setattr(CopyEngine, "sample", lambda self, *a, **kw: (seen.append(depth["now"]),
+                                                                      real_sample(self, *a, **kw))[1])
+    rows = load_rows(tiny_world / "rl.parquet")[:4]
+    judge = lambda qs, refs, texts: [float(len(t) % 2) for t in texts]  # noqa: E731
+    run_rl(copy.deepcopy(tiny_student), copy.deepcopy(tiny_student), tiny_processor,
+           RLInputs(rows, judge=judge, max_prompt_tokens=120),
+           RLConfig(**{**BASE, "steps": 2}, algorithm="dr_grpo", generation="vllm"), tmp_path / "v", seed=0)
+    assert seen == [0, 0]  # two steps' rollouts, neither inside a gather
+
+    from protege.generation import transformers_backend
+
+    inside = []
+    real = transformers_backend.sample
+    monkeypatch.setattr(transformers_backend, "sample", lambda *a, **kw: (inside.append(depth["now"]), real(*a, **kw))[1])
+    run_rl(copy.deepcopy(tiny_student), copy.deepcopy(tiny_student), tiny_processor,
+           RLInputs(rows, judge=judge, max_prompt_tokens=120),
+           RLConfig(**{**BASE, "steps": 2}, algorithm="dr_grpo"), tmp_path / "t", seed=0)
+    assert inside and all(d >= 1 for d in inside)  # the policy samples with its weights whole

@@ -4,6 +4,7 @@ cached teacher answers drawn across the chosen teachers; reward = the judge's co
 similarity joins it as a guidance term); one advantage per answer."""
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -118,7 +119,8 @@ class Questions(Rollout):
         images = [r.image for r in questions]
         prompts = to_device(processor.encode_prompts([r.question for r in questions], images), s.device)
         t0 = time.perf_counter()
-        with s.updater.gathered():
+        # the policy samples with its weights whole (a ZeRO-3 gather); an engine holds its own copy of them
+        with s.updater.gathered() if self.engine is s.policy else contextlib.nullcontext():
             student = complete(self.engine, processor, prompts, images, self.sampling, G,
                                questions=[r.question for r in questions])
         rollout_s = time.perf_counter() - t0
