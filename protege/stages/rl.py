@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from protege.config import Config, discriminator_trainable, tracked_params
 from protege.data.rows import Row, load_rows, read_parquet_table
@@ -32,7 +33,7 @@ from protege.rl.loop import RLInputs, fingerprint, run_rl
 from protege.stages.common import QuietRun, StepHistory, inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import load_model, with_lora
 from protege.teachers.factory import build_teacher
-from protege.runtime.distributed import on_rank0, world
+from protege.runtime.distributed import all_reduce_sum, on_rank0, world
 from protege.runtime.run_folder import drop_previous, prepare_out_dir
 
 STATE = "state"
@@ -66,7 +67,9 @@ class LearningCurve:
     """Greedy accuracy of the policy on held-out rows at some steps: MLflow metrics `val_accuracy` and
     `val_accuracy.<kind>`, and a CSV (step, accuracy, one column per kind) rewritten at every point.
 
-    A resumed run keeps the points up to the step it resumes after and evaluates the rest again.
+    A resumed run keeps the points up to the step it resumes after and evaluates the rest again. Under several
+    processes each rank answers its share of the rows (every `world_size`-th) and the counts are summed, so
+    the point costs 1 / world_size of the rows' time on each rank; rank 0 writes and logs it.
     """
 
     def __init__(self, path: Path, rows: list[Row], processor, batch_size: int, max_new_tokens: int, run=None,
@@ -84,9 +87,20 @@ class LearningCurve:
             self._write()
 
     def __call__(self, step: int, policy) -> None:
-        summary, _ = evaluate_rows(policy, self.processor, self.rows, self.batch_size, self.max_new_tokens)
-        point = {"step": step, "accuracy": summary["accuracy"],
-                 **{k: summary["per_kind"].get(k, math.nan) for k in self.kinds}}
+        rank, size = world()
+        mine = self.rows[rank::size]
+        items = evaluate_rows(policy, self.processor, mine, self.batch_size, self.max_new_tokens)[1] if mine else []
+        # (right, answered) over all rows, then per kind; summed over ranks (a collective)
+        counts = torch.zeros(1 + len(self.kinds), 2, dtype=torch.float64)
+        for item in items:
+            for i in (0, *([1 + self.kinds.index(item["kind"])] if item["kind"] in self.kinds else [])):
+                counts[i] += torch.tensor([float(item["correct"]), 1.0], dtype=torch.float64)
+        counts = all_reduce_sum(counts).tolist()
+        if rank != 0:
+            return
+        share = [right / answered if answered else math.nan for right, answered in counts]
+        point = {"step": step, "accuracy": 0.0 if not counts[0][1] else share[0],
+                 **{k: share[1 + i] for i, k in enumerate(self.kinds)}}
         self.points = [p for p in self.points if p["step"] < step] + [point]
         self._write()
         if self.run is not None:

@@ -33,6 +33,10 @@ def test_dvc_repro_runs_two_ranks_for_rl_and_agent_rl(tmp_path):
     assert "rl: 2 processes (gloo)" in log and "agent_rl: 2 processes (gloo)" in log
     assert json.loads((proj / "reports/stages/rl.json").read_text())["processes"] == 2
     assert sorted(p.name for p in (proj / "models/rl").glob("step-*")) == ["step-00001", "step-00002"]
+    # the learning curve's points: each rank answered half the val rows, rank 0 wrote the sums
+    curve = (proj / "reports/rl/learning_curve.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in curve[1:]] == ["0", "1", "2"]
+    assert all(0.0 <= float(line.split(",")[1]) <= 1.0 for line in curve[1:])
     assert (proj / "models/agent_rl/merged-teacher/model.safetensors").exists()
     assert json.loads((proj / "reports/agent/summary.json").read_text())["end"]["episodes"] == 4
     status = subprocess.run([sys.executable, "-m", "dvc", "status", "rl", "agent_rl"], cwd=proj, env=env,

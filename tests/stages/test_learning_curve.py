@@ -106,3 +106,35 @@ def test_baseline_stage_runs_the_same_budget_with_its_algorithm(project):
     assert (out / "state").exists() and not (project / "models/rl").exists()
     assert curve(project, rl_baseline.CURVE)["step"].tolist() == [0, 1, 2]
     assert (project / "reports/stages/rl_baseline.json").exists()
+
+
+def test_ranks_answer_their_share_and_rank_0_writes_the_whole_point(tiny_student, tiny_processor, tiny_world,
+                                                                     tmp_path, monkeypatch):
+    """Two ranks answer every other row each; the counts summed over them give rank 0 exactly the point one
+    process gives (accuracy and per kind), and only rank 0 writes and logs it."""
+    from protege.data.rows import load_rows
+
+    rows = load_rows(tiny_world / "val.parquet")[:7]  # odd: the ranks' shares differ in size
+    one = rl_stage.LearningCurve(tmp_path / "one.csv", rows, tiny_processor, 3, 4, FakeRun())
+    one(0, tiny_student)
+    expected = pd.read_csv(tmp_path / "one.csv").iloc[0].to_dict()
+
+    shares = {}
+
+    def summed(counts):  # all_reduce_sum between the two simulated ranks: rank 1 answers first
+        shares[rank["now"]] = counts.clone()
+        return counts if rank["now"] == 1 else counts + shares[1]
+
+    rank = {"now": 1}
+    monkeypatch.setattr(rl_stage, "world", lambda: (rank["now"], 2))
+    monkeypatch.setattr(rl_stage, "all_reduce_sum", summed)
+    runs = {r: FakeRun() for r in (0, 1)}
+    curves = {r: rl_stage.LearningCurve(tmp_path / f"rank{r}.csv", rows, tiny_processor, 3, 4, runs[r])
+              for r in (0, 1)}
+    curves[1](0, tiny_student)
+    rank["now"] = 0
+    curves[0](0, tiny_student)
+    assert float(shares[1][0][1]) == 3 and float(shares[0][0][1]) == 4  # rows 1, 3, 5 and 0, 2, 4, 6
+    got = pd.read_csv(tmp_path / "rank0.csv").iloc[0].to_dict()
+    assert got == pytest.approx(expected, nan_ok=True)
+    assert runs[1].metrics == [] and runs[0].metrics[0][1]["val_accuracy"] == pytest.approx(expected["accuracy"])

@@ -165,9 +165,8 @@ class Questions(Rollout):
         return self.inputs.evaluator is not None and eval_due(step, self.cfg)
 
     def curve_point(self, s, step: int) -> dict[str, float]:
-        with s.updater.gathered():  # whole weights under ZeRO-3 (collective); one process evaluates
-            if s.rank == 0:
-                self.inputs.evaluator(step, s.policy)
+        with s.updater.gathered():  # whole weights under ZeRO-3 (collective); each rank answers its share
+            self.inputs.evaluator(step, s.policy)
         return {}
 
     def cursor(self) -> dict:
