@@ -39,22 +39,42 @@ class Part(Protocol):
 
 
 class Weights:
-    """A model's full weights: through its updater (whole even under ZeRO-3), or a module trained by no one."""
+    """A model's weights: through its updater (whole even under ZeRO-3), or a module trained by no one. Frozen
+    parameters are left out: they are the checkpoint the run starts from, which the run's fingerprint pins,
+    and a resume loads it again. A LoRA run's state then holds its adapters, not the base (at 7B ~1 GB, not
+    ~15 GB per save); buffers are kept."""
     per_rank = False
 
     def __init__(self, source):
         self.source = source
 
+    def _frozen(self) -> set[str]:
+        model = self.source if isinstance(self.source, torch.nn.Module) else self.source.model
+        return {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
     def dump(self):
         if isinstance(self.source, torch.nn.Module):
-            return {k: v.detach().cpu().contiguous() for k, v in self.source.state_dict().items()}, None
-        return self.source.full_state_dict(), None
+            tensors = {k: v.detach().cpu().contiguous() for k, v in self.source.state_dict().items()}
+        else:
+            tensors = self.source.full_state_dict()
+        frozen = self._frozen()
+        return {k: v for k, v in tensors.items() if k not in frozen}, None
 
     def load(self, tensors, extras):
+        keep = self._frozen()
         if isinstance(self.source, torch.nn.Module):
-            self.source.load_state_dict(tensors)
+            check_loaded(self.source.load_state_dict(tensors, strict=False), keep)
         else:
-            self.source.load_weights(tensors)
+            self.source.load_weights(tensors, keep=keep)
+
+
+def check_loaded(result, frozen: set[str]) -> None:
+    """A state loaded with strict=False: only frozen parameters may be absent from it, and nothing may be extra
+    (another model's state)."""
+    missing = [k for k in result.missing_keys if k not in frozen]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"the training state does not fit this model: missing {missing[:5]}, "
+                           f"unexpected {list(result.unexpected_keys)[:5]}")
 
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

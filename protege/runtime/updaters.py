@@ -124,8 +124,11 @@ class TorchUpdater:
         return {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
 
     @torch.no_grad()
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state)
+    def load_weights(self, state: dict[str, torch.Tensor], keep: set[str] = frozenset()) -> None:
+        """`state` may leave out the parameters in `keep` (frozen: they stay as loaded from the checkpoint)."""
+        from protege.runtime.state import check_loaded
+
+        check_loaded(self.model.load_state_dict(state, strict=False), keep)
         # masters from the loaded weights; a resume then restores the saved masters (state.OptimizerState)
         for p, m in self._copies:
             m.copy_(p)
@@ -234,10 +237,12 @@ class DeepSpeedUpdater:
         with self.gathered():  # collective under ZeRO-3: every rank calls this
             return {k: v.detach().cpu().clone().contiguous() for k, v in self.model.state_dict().items()}
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, state: dict[str, torch.Tensor], keep: set[str] = frozenset()) -> None:
+        from protege.runtime.state import check_loaded
+
         # ZeRO-3: every rank loads the same file; on leaving the context rank 0's values are re-partitioned
         with self.gathered(modifier_rank=0), torch.no_grad():
-            self.model.load_state_dict(state)
+            check_loaded(self.model.load_state_dict(state, strict=False), keep)
         # the fp32 master partitions the optimizer steps on are separate copies of the weights: refreshed from
         # fp32 weights they are exact; from bf16 ones they are rounded, and a resume then restores the saved
         # partitions (master_weights, state.OptimizerState)
