@@ -63,15 +63,23 @@ $(HARNESSES): Makefile | $(STAMP)
 	$(BIN)/pip install loguru datasets accelerate tenacity evaluate sacrebleu levenshtein
 	touch $(HARNESSES)
 
+# DeepSpeed builds its CPU shared-memory collective (ShareMemCommBuilder) the first time a process joins a
+# group on the CPU (~45 s of a core). The tests' processes build into this environment's own folder
+# (tests/conftest.py), so it is built once here, at set-up, with the same ninja, and only loaded in the tests.
+DS_OPS := $(VENV)/.deepspeed_ops
+$(DS_OPS): $(STAMP)
+	TORCH_EXTENSIONS_DIR=$(CURDIR)/$(VENV)/torch_extensions $(BIN)/python -c "from deepspeed.accelerator import get_accelerator; b = get_accelerator().create_op_builder('ShareMemCommBuilder'); b is None or b.load()"
+	touch $(DS_OPS)
+
 # two test processes (one per core), whole files to each: the pipeline and service tests share one finished
 # project in one file (tests/flows/test_pipeline.py)
 TEST_WORKERS ?= 2
-test: $(STAMP) $(HARNESSES)
+test: $(STAMP) $(HARNESSES) $(DS_OPS)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The contributor's loop: the unit tests only (math, config, readers, scorers), in the main environment alone:
 # no harness install, no vLLM environment. CI runs `make test`.
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(DS_OPS)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
 
 # Local service mode: Prefect server + process worker + MLflow server on loopback (flows/service.py).
