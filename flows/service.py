@@ -23,6 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from protege.stage_client import SOCKET_ENV
+
 STATE_DIR = ".service"
 STATE_FILE = "service.json"
 LOCAL_POOL = "local"
@@ -116,8 +118,6 @@ def start(project: Path, prefect_port: int, mlflow_port: int) -> dict:
     try:
         logs = {name: state_dir / f"{name}.log" for name in ("prefect-server", "mlflow-server", "worker",
                                                              "stage-host")}
-        from protege.stage_client import SOCKET_ENV
-
         # a short path: a unix socket's path is limited to ~100 bytes, a project's folder is not
         state["stage_host_socket"] = str(Path(tempfile.mkdtemp(prefix="protege-host-")) / "sock")
         host = _spawn([sys.executable, "-u", "-m", "protege.stage_host", state["stage_host_socket"]], env, project,

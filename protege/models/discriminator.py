@@ -70,13 +70,11 @@ class Discriminator(nn.Module):
         return self
 
     @property
-    def is_gradient_checkpointing(self) -> bool:
+    def is_activation_checkpointing(self) -> bool:
         """Whether the backbone recomputes (the micro-batch budget reads it, runtime.micro.budget_tokens)."""
-        backbone = self.backbone
-        return bool(getattr(backbone, "is_activation_checkpointing", None) if hasattr(backbone, "is_activation_checkpointing")
-                    else getattr(backbone, "is_gradient_checkpointing", False))
+        from protege.runtime.micro import recomputes
 
-    is_activation_checkpointing = is_gradient_checkpointing
+        return recomputes(self.backbone)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

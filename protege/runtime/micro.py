@@ -47,15 +47,20 @@ def activation_budget(device: torch.device | None) -> int:
     return ACTIVATION_BYTES_CPU
 
 
+def recomputes(model: torch.nn.Module) -> bool:
+    """Whether the model recomputes its activations in the backward pass (gradient checkpointing)."""
+    # transformers 5 names it is_activation_checkpointing (is_gradient_checkpointing warns it is going away)
+    if hasattr(model, "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
 def budget_tokens(setting: int | None, model: torch.nn.Module, device: torch.device | None = None) -> int:
     """Tokens per micro-batch: the setting, or the derived budget for this model on this device."""
     if setting is not None:
         return setting
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    # transformers 5 names it is_activation_checkpointing (is_gradient_checkpointing warns it is going away)
-    recompute = bool(getattr(model, "is_activation_checkpointing", None)
-                     if hasattr(model, "is_activation_checkpointing") else getattr(model, "is_gradient_checkpointing", False))
-    per_token = activation_bytes_per_token(model.config, torch.finfo(dtype).bits // 8, recompute)
+    per_token = activation_bytes_per_token(model.config, torch.finfo(dtype).bits // 8, recomputes(model))
     return max(1, activation_budget(device) // max(per_token, 1))
 
 

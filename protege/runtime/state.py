@@ -53,12 +53,11 @@ class Weights:
         return {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
 
     def dump(self):
+        frozen = self._frozen()  # left out before the host copy, not after
         if isinstance(self.source, torch.nn.Module):
-            tensors = {k: v.detach().cpu().contiguous() for k, v in self.source.state_dict().items()}
-        else:
-            tensors = self.source.full_state_dict()
-        frozen = self._frozen()
-        return {k: v for k, v in tensors.items() if k not in frozen}, None
+            return {k: v.detach().cpu().contiguous() for k, v in self.source.state_dict().items()
+                    if k not in frozen}, None
+        return self.source.full_state_dict(skip=frozen), None
 
     def load(self, tensors, extras):
         keep = self._frozen()

@@ -120,8 +120,9 @@ class TorchUpdater:
                 m.grad = m.grad.to(device)
         move_optimizer_state(self.optimizer, device)
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+    def full_state_dict(self, skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+        """The model's tensors on the CPU, except those named in `skip` (frozen ones: never copied)."""
+        return {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items() if k not in skip}
 
     @torch.no_grad()
     def load_weights(self, state: dict[str, torch.Tensor], keep: set[str] = frozenset()) -> None:
@@ -233,9 +234,10 @@ class DeepSpeedUpdater:
     def to(self, device: torch.device) -> None:
         """No-op: the engine owns the placement of its flat buffers, so a DeepSpeed model is never offloaded."""
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
         with self.gathered():  # collective under ZeRO-3: every rank calls this
-            return {k: v.detach().cpu().clone().contiguous() for k, v in self.model.state_dict().items()}
+            return {k: v.detach().cpu().clone().contiguous() for k, v in self.model.state_dict().items()
+                    if k not in skip}
 
     def load_weights(self, state: dict[str, torch.Tensor], keep: set[str] = frozenset()) -> None:
         from protege.runtime.state import check_loaded

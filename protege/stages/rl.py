@@ -90,11 +90,13 @@ class LearningCurve:
         rank, size = world()
         mine = self.rows[rank::size]
         items = evaluate_rows(policy, self.processor, mine, self.batch_size, self.max_new_tokens)[1] if mine else []
-        # (right, answered) over all rows, then per kind; summed over ranks (a collective)
+        # (right, answered): over all rows, then each kind's; summed over ranks (a collective)
         counts = torch.zeros(1 + len(self.kinds), 2, dtype=torch.float64)
         for item in items:
-            for i in (0, *([1 + self.kinds.index(item["kind"])] if item["kind"] in self.kinds else [])):
-                counts[i] += torch.tensor([float(item["correct"]), 1.0], dtype=torch.float64)
+            answer = torch.tensor([float(item["correct"]), 1.0], dtype=torch.float64)
+            counts[0] += answer
+            if item["kind"] in self.kinds:
+                counts[1 + self.kinds.index(item["kind"])] += answer
         counts = all_reduce_sum(counts).tolist()
         if rank != 0:
             return

@@ -242,7 +242,7 @@ def test_the_discriminator_recomputes_as_the_policy_does(tmp_path, tiny_world, l
     recomputes, its micro-batch budget counts on that, and its training is the same."""
     from protege.config import Config
     from protege.models.discriminator import load_discriminator
-    from protege.runtime.micro import budget_tokens
+    from protege.runtime.micro import budget_tokens, recomputes
 
     folder = build_family("qwen2_5_vl", tmp_path / "base")
     _, processor = load_student(folder)
@@ -254,7 +254,7 @@ def test_the_discriminator_recomputes_as_the_policy_does(tmp_path, tiny_world, l
     for recompute in (False, True):
         torch.manual_seed(0)  # the same fresh adapters in both
         disc = load_discriminator(folder, from_student=True, recompute=recompute, lora=adapters if lora else None)
-        assert disc.is_gradient_checkpointing == recompute
+        assert recomputes(disc) == recompute
         results.append((budget_tokens(None, disc), pretrain_discriminator(
             disc, processor, examples, DiscPretrainConfig(steps=2, batch_size=4, lr=1e-2), seed=0), state(disc)))
     (plain_budget, plain, w_a), (budget, again, w_b) = results
