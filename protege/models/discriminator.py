@@ -18,6 +18,7 @@ from torch import nn
 from protege import provenance
 from protege.models.hf_folder import copy_processor_files
 from protege.models.precision import DTYPES, float32_compute, with_precision
+from protege.models.recompute import recomputes
 
 HEAD_FILE = "head.safetensors"
 
@@ -72,8 +73,6 @@ class Discriminator(nn.Module):
     @property
     def is_activation_checkpointing(self) -> bool:
         """Whether the backbone recomputes (the micro-batch budget reads it, runtime.micro.budget_tokens)."""
-        from protege.runtime.micro import recomputes
-
         return recomputes(self.backbone)
 
     def trainable_parameters(self) -> list[nn.Parameter]:

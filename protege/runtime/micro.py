@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from protege.models.recompute import recomputes
+
 # what the derived budget lets one forward's activations take
 ACTIVATION_BYTES_CPU = 2 << 30
 ACTIVATION_SHARE_GPU = 0.25  # of the device's memory: weights, gradients, optimizer state and KV cache share the rest
@@ -45,14 +47,6 @@ def activation_budget(device: torch.device | None) -> int:
     if device is not None and device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory * ACTIVATION_SHARE_GPU)
     return ACTIVATION_BYTES_CPU
-
-
-def recomputes(model: torch.nn.Module) -> bool:
-    """Whether the model recomputes its activations in the backward pass (gradient checkpointing)."""
-    # transformers 5 names it is_activation_checkpointing (is_gradient_checkpointing warns it is going away)
-    if hasattr(model, "is_activation_checkpointing"):
-        return bool(model.is_activation_checkpointing)
-    return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
 def budget_tokens(setting: int | None, model: torch.nn.Module, device: torch.device | None = None) -> int:

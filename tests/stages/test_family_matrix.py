@@ -242,7 +242,8 @@ def test_the_discriminator_recomputes_as_the_policy_does(tmp_path, tiny_world, l
     recomputes, its micro-batch budget counts on that, and its training is the same."""
     from protege.config import Config
     from protege.models.discriminator import load_discriminator
-    from protege.runtime.micro import budget_tokens, recomputes
+    from protege.models.recompute import recomputes
+    from protege.runtime.micro import budget_tokens
 
     folder = build_family("qwen2_5_vl", tmp_path / "base")
     _, processor = load_student(folder)
