@@ -1,12 +1,13 @@
 """Activation bytes per token of ONE decoder layer of a real family at its real width (random init, no
-download): what the memory plan's per-layer activation rule (protege/runtime/micro.py,
-ACTIVATION_VALUES_PER_HIDDEN values per hidden unit) should be. For each variant the layer runs forward and
+download), beside the memory plan's figure for it (protege.models.activations, the layer traced on the meta
+device: `plan_per_hidden` in each variant). For each variant the layer runs forward and
 backward on T tokens and the probe reports what the forward keeps for the backward pass:
 
   plain           full fine-tuning (every weight trainable)
   checkpoint      the same layer under torch.utils.checkpoint (non-reentrant): only its input stays, the rest is
                   recomputed in the backward pass
-  lora            peft LoRA (r=128, alpha=256, dropout 0.05) on q/k/v/o and gate/up/down, base weights frozen
+  lora            peft LoRA (r=128, alpha=256, dropout 0.05, float32 adapters) on q/k/v/o and gate/up/down,
+                  base weights frozen
   lora+checkpoint both
 
 Measured two ways:
@@ -24,7 +25,7 @@ Measured two ways:
 
 The layer's input requires grad (as in a model whose earlier layers train), so both variants keep it. Prints
 one JSON line: per variant bytes per token, and bytes per token per hidden unit (`per_hidden`), and
-`values_per_hidden` (per_hidden / bytes of the dtype), the unit of the plan's rule.
+`values_per_hidden` (per_hidden / bytes of the dtype).
 
     python benchmarks/activation_bytes.py --family qwen2.5-vl-7b --tokens 4096 --device cuda
     python benchmarks/activation_bytes.py --tokens 64 --device cpu                          # CPU, real width
@@ -117,8 +118,7 @@ def measure(variant: str, family: str, tokens: int, dtype: torch.dtype, device: 
     config, layer, rotary = build_layer(family, dtype, device, attn)
     module: torch.nn.Module = Wrapper(layer)
     if variant.startswith("lora"):
-        module = with_lora(module, lora_rank, lora_dropout)
-        module.to(dtype)
+        module = with_lora(module, lora_rank, lora_dropout)  # float32 adapters, as protege's add_lora leaves them
     module.train()
     hidden = config.hidden_size
     torch.manual_seed(1)
@@ -170,6 +170,23 @@ def measure(variant: str, family: str, tokens: int, dtype: torch.dtype, device: 
     return out
 
 
+def plan_per_hidden(variant: str, family: str, dtype: torch.dtype, device: torch.device, lora_rank: int,
+                    lora_dropout: float) -> float:
+    """What the memory plan counts for this layer, per token per hidden unit."""
+    from transformers import Qwen2Config
+
+    from protege.models.activations import LoraSpec, activation_profile
+
+    config = Qwen2Config(**FAMILIES[family], num_hidden_layers=1, vocab_size=1024)
+    lora = None
+    if variant.startswith("lora"):
+        modules = tuple(("self_attn." if t in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp.") + t
+                        for t in LORA_TARGETS)
+        lora = LoraSpec(modules, lora_rank, lora_dropout)
+    profile = activation_profile(config, dtype, lora=lora, device_type=device.type)
+    return (profile.layer_input if variant.endswith("checkpoint") else profile.per_layer) / config.hidden_size
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen2.5-vl-7b")
@@ -189,14 +206,15 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise SystemExit(f"activation_bytes: unknown variants {unknown}; expected some of {list(VARIANTS)}")
-    from protege.runtime.micro import ACTIVATION_VALUES_PER_HIDDEN  # the plan's rule, printed beside the figures
-
     result = {"part": "activation_bytes", "family": args.family, **FAMILIES[args.family], "tokens": args.tokens,
               "dtype": args.dtype, "device": args.device, "attn": args.attn, "lora_rank": args.lora_rank,
-              "lora_dropout": args.lora_dropout, "plan_values_per_hidden": ACTIVATION_VALUES_PER_HIDDEN,
+              "lora_dropout": args.lora_dropout,
               "torch": torch.__version__,
-              "variants": {v: measure(v, args.family, args.tokens, dtype, device, args.attn, args.lora_rank,
-                                      args.lora_dropout) for v in variants}}
+              "variants": {v: {**measure(v, args.family, args.tokens, dtype, device, args.attn, args.lora_rank,
+                                         args.lora_dropout),
+                               "plan_per_hidden": plan_per_hidden(v, args.family, dtype, device, args.lora_rank,
+                                                                  args.lora_dropout)}
+                           for v in variants}}
     print(json.dumps(result), flush=True)
     return result
 

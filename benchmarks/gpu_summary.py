@@ -80,10 +80,10 @@ def activation_line(r: dict) -> str:
                 f"{v['cuda_peak_less_grads_per_hidden']:.1f})" if "cuda_retained_per_hidden" in v else "")
         per_token = v["bytes_per_token"]
         size = f"{per_token / 1024:.0f} KiB" if per_token >= 10240 else f"{per_token:.0f} B"
-        parts.append(f"{name} {size}/token = {v['per_hidden']:.1f} x hidden{cuda}")
-    plan = r["plan_values_per_hidden"] * (2 if r["dtype"] == "bfloat16" else 4)  # the plan's rule, in bytes
+        plan = f", plan {v['plan_per_hidden']:.1f}" if "plan_per_hidden" in v else ""
+        parts.append(f"{name} {size}/token = {v['per_hidden']:.1f} x hidden{plan}{cuda}")
     return (f"{r['family']} layer (hidden {r['hidden_size']}), {r['tokens']} tokens, {r['dtype']}, {r['attn']}: "
-            + "; ".join(parts) + f" (the plan assumes {plan} x hidden without checkpointing)")
+            + "; ".join(parts))
 
 
 def generic_line(r: dict) -> str:

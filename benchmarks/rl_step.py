@@ -10,7 +10,12 @@ the Qwen2-VL model is then a plain LM); TRL gets a Qwen2ForCausalLM with the sam
 text weights (with one position per token, Qwen2-VL's 3-D rope equals plain rope), and our tokenizer,
 saved to a temporary folder. Nothing is downloaded.
 
-    .venv/bin/python benchmarks/rl_step.py [--steps 5] [--threads 2]
+Each of our runs also prints the padded share of the tokens its forwards hold (policy, pi_old and pi_ref alike):
+in the length-grouped micro-batches it runs, and had every row been padded to the step's widest (the split
+before length groups). `--micro-batch-tokens` sets the budget (rl.micro_batch_tokens; unset: derived, one
+forward unless the padding saved outweighs a forward's overhead).
+
+    .venv/bin/python benchmarks/rl_step.py [--steps 5] [--threads 2] [--micro-batch-tokens N] [--no-trl]
 """
 from __future__ import annotations
 
@@ -47,10 +52,10 @@ def summarise(name: str, seconds: list[float], samples: int, tokens: list[float]
     return r
 
 
-def ours(name, student, processor, rows, answers, algorithm, steps, out: Path) -> dict:
+def ours(name, student, processor, rows, answers, algorithm, steps, out: Path, tokens: int | None = None) -> dict:
     # one step more than run, so that the last timed step does not include writing the final checkpoint
     cfg = RLConfig(algorithm=algorithm, steps=steps + 2, questions_per_step=QUESTIONS, group_size=G,
-                   max_new_tokens=NEW_TOKENS, save_every=10_000, device="cpu")
+                   max_new_tokens=NEW_TOKENS, save_every=10_000, device="cpu", micro_batch_tokens=tokens)
     logs: list[dict] = []
     disc = Discriminator(copy.deepcopy(student.model)) if algorithm == "ril" else None
     run_rl(copy.deepcopy(student), copy.deepcopy(student), processor, RLInputs(rows, answers, disc), cfg, out,
@@ -58,7 +63,14 @@ def ours(name, student, processor, rows, answers, algorithm, steps, out: Path) -
     timed = logs[1:]  # the first step pays one-off costs
     samples = QUESTIONS * G * (2 if algorithm == "ril" else 1)
     seconds = [samples / m["samples_per_s"] for m in timed]
-    return summarise(name, seconds, samples, [m["tokens_per_s"] * s for m, s in zip(timed, seconds)])
+    r = summarise(name, seconds, samples, [m["tokens_per_s"] * s for m, s in zip(timed, seconds)])
+    # over every step: padded tokens / tokens in the forwards
+    r.update(padded_share=statistics.mean(m["padded_share"] for m in logs),
+             padded_share_batch_wide=statistics.mean(m["padded_share_batch_wide"] for m in logs),
+             micro_batches=statistics.mean(m["micro_batches"] for m in logs))
+    print(f"{'':14s} padded share of forward tokens: {r['padded_share_batch_wide']:.1%} padded to the batch's widest "
+          f"row, {r['padded_share']:.1%} in length groups ({r['micro_batches']:.1f} forwards per pass)")
+    return r
 
 
 def text_lm(student, processor: StudentProcessor, folder: Path) -> Path:
@@ -130,10 +142,21 @@ def trl_run(student, processor, rows: list[Row], steps: int, tmp: Path) -> dict:
     return summarise(f"trl {trl.__version__}", seconds[1:], samples, [n * samples for n in lengths[1:]])
 
 
+def trl_missing() -> str | None:
+    try:
+        import trl  # noqa: F401
+    except ImportError as exc:
+        return f"{exc} (install the bench extra: pip install -e '.[bench]')"
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per run (after one warm-up step)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--micro-batch-tokens", type=int, default=None,
+                    help="tokens per forward (rl.micro_batch_tokens); unset: derived from the model")
+    ap.add_argument("--no-trl", action="store_true", help="skip the TRL comparison")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,20 +171,19 @@ def main() -> None:
         results = {}
         for algorithm in ("dr_grpo", "ril"):
             results[algorithm] = ours(algorithm, student, processor, rows, answers, algorithm, args.steps,
-                                      Path(tmp) / algorithm)
+                                      Path(tmp) / algorithm, args.micro_batch_tokens)
         # the comparison: text-only prompts (the first QUESTIONS rows, one step's worth, repeated each step)
         text_rows = [Row(r.id, r.kind, r.question, r.answer, r.candidates, None) for r in rows[:QUESTIONS]]
         results["dr_grpo_text"] = ours("dr_grpo text", student, processor, text_rows, {}, "dr_grpo", args.steps,
-                                       Path(tmp) / "text")
-        try:
-            import trl  # noqa: F401
-        except ImportError as exc:
-            print(f"TRL comparison skipped: {exc} (install the bench extra: pip install -e '.[bench]')")
+                                       Path(tmp) / "text", args.micro_batch_tokens)
+        skip = "--no-trl" if args.no_trl else trl_missing()
+        if skip:
+            print(f"TRL comparison skipped: {skip}")
         else:
             results["trl_dr_grpo_text"] = r = trl_run(student, processor, text_rows, args.steps, Path(tmp))
             mine = results["dr_grpo_text"]
             results["ours_over_trl"] = ratio = {k: (r[k] / mine[k] if k == "seconds_per_step" else mine[k] / r[k])
-                                                for k in mine}
+                                                for k in r}
             print(f"ours / TRL: {ratio['seconds_per_step']:.2f}x speed by s/step, {ratio['samples_per_s']:.2f}x "
                   f"samples/s, {ratio['tokens_per_s']:.2f}x tokens/s (>1: ours faster)")
         print(json.dumps(results))

@@ -218,16 +218,31 @@ def plan(params: Path = typer.Option(Path("params.yaml"), help="params file"),
                                                                   "the detected GPU's, or none on a CPU machine)"),
          processes: int = typer.Option(1, min=1, help="ranks the stages run on (ZeRO partitions over them)"),
          prompt_tokens: int = typer.Option(1024, min=1, help="tokens of the longest prompt, image tokens included"),
-         answer_tokens: int = typer.Option(256, min=1, help="tokens of the longest SFT target")) -> None:
+         answer_tokens: int = typer.Option(256, min=1, help="tokens of the longest SFT target"),
+         device_type: str = typer.Option("gpu", "--device", help="gpu: memory per rank on the accelerator, "
+                                         "with host memory and disk; cpu: a CPU run's resident memory per process"),
+         nodes: int = typer.Option(1, min=1, help="machines the processes spread over (host memory per node)"),
+         job: bool = typer.Option(False, "--job", help="also print the Kubernetes job variables (memory, "
+                                  "ephemeral_storage, shm_size, gpus) deploy/k8s/gpu-base-job-template.json takes")
+         ) -> None:
     """Estimate each training stage's memory per rank for the configured model, and whether it fits."""
-    from protege.errors import UserFacingError
-    from protege.plan import Lengths, model_shape, parse_memory, plan_stages, table
+    import json
+    import os
 
+    from protege.errors import UserFacingError
+    from protege.plan import (Lengths, host_plan, host_table, job_variables, model_shape, parse_memory, plan_stages,
+                              table)
+
+    if device_type not in ("gpu", "cpu"):
+        _fail(f"--device {device_type!r}: expected gpu or cpu", code=2)
+    cpu = device_type == "cpu"
     cfg = _config(params)
     if model is not None:  # planned as your own model (the discriminator's `auto` is then LoRA)
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(model)})})
     try:
         device = parse_memory(gpu_memory) if gpu_memory else None
+        if cpu and device is None:  # fits this machine's memory
+            device = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if device is None:
             import torch
 
@@ -235,17 +250,24 @@ def plan(params: Path = typer.Option(Path("params.yaml"), help="params file"),
                 device = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         shape = model_shape(cfg, Path.cwd(), model)
         plans = plan_stages(cfg, shape, processes=processes, device_bytes=device,
-                            lengths=Lengths(prompt_tokens, answer_tokens))
+                            lengths=Lengths(prompt_tokens, answer_tokens), device_type="cpu" if cpu else "cuda")
+        host = None if cpu else host_plan(cfg, shape, processes=processes, nodes=nodes)
     except UserFacingError as exc:
         _fail(str(exc), code=1)
     typer.echo(f"model: {shape.params / 1e9:.2f}B parameters ({shape.layers} layers, hidden {shape.hidden}, "
                f"vocabulary {shape.vocab:,}), {cfg.model.dtype}; {processes} process(es); prompts up to "
-               f"{prompt_tokens} tokens")
+               f"{prompt_tokens} tokens" + ("; on the CPU (resident memory per process)" if cpu else ""))
     typer.echo(table(plans, device, processes))
     if device:
         for p in plans:
             if p.peak > device:
                 typer.echo(p.refusal(device))
+    if host is not None:
+        typer.echo("")
+        typer.echo(host_table(host))
+        if job:
+            typer.echo("")
+            typer.echo("job variables: " + json.dumps(job_variables(host)))
 
 
 @app.command()

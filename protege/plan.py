@@ -3,12 +3,20 @@ config (parameters counted on the meta device, vocabulary, layers, hidden size, 
 settings (dtype, full / LoRA / a parameter group, torch or DeepSpeed ZeRO, processes, micro-batch budget,
 gradient checkpointing, sequence lengths, generation by transformers or vLLM).
 
+Within an update, "activations" are what the forward keeps for the backward and "backward" what the backward
+adds at its peak: the LM head's chunk of float32 logits, or later one layer recomputed (or the gradients of its
+activations), whichever is larger. Host memory and local disk per rank and node (`host_plan`) and the
+Kubernetes job variables they call for (`job_variables`) come from the same shapes; `device_type` cpu plans
+a CPU process's resident memory instead (the runtime's baseline added, no vLLM).
+
 A stage's steps pass through phases that do not overlap (sampling, the reference's pass, the discriminator's
 update, the policy's update); the stage's peak is the largest phase. `protege plan` prints the table; a stage
 on a GPU checks its own plan before any compute and refuses, naming the setting to change, what cannot fit.
 
-The figures are estimates (activations from a per-layer rule, the vision tower's activations left out); the
-GPU check (benchmarks/gpu_check.sh) prints measured peaks beside them.
+Activations come from the family's own decoder layer traced on the meta device for what trains
+(protege.models.activations; benchmarks/plan_calibration.py measures them against the CPU allocator for three
+families at their released widths). The vision tower's activations are left out; the GPU check
+(benchmarks/gpu_check.sh) prints measured peaks beside the plan.
 """
 from __future__ import annotations
 
@@ -22,14 +30,18 @@ import torch
 from protege.config import Config, discriminator_trainable
 from protege.errors import UserFacingError
 from protege.models.logprobs import LOGIT_CHUNK_BYTES
-from protege.runtime.micro import ACTIVATION_SHARE_GPU, activation_bytes_per_token, text_shape
+from protege.models.activations import ActivationProfile, LoraSpec, activation_profile, in_layer_name
+from protege.runtime.micro import ACTIVATION_SHARE_GPU, fallback_profile, text_shape
 
 GiB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ADAM_DEEPSPEED = 12  # bytes per trainable parameter: fp32 master partition + two fp32 moments
 
-PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "kv_cache", "reference",
-         "discriminator", "vllm")
+PARTS = ("weights", "gradients", "optimizer", "activations", "backward", "logits", "kv_cache", "reference",
+         "discriminator", "vllm", "runtime")
+# a CPU stage's process before any model: Python, torch, transformers, protege's stage imports, the allocator's
+# arenas (measured RSS 0.45-0.7 GiB; tests/stages/test_cpu_plan.py checks the whole prediction)
+RUNTIME_BASELINE_CPU = 700 << 20
 
 
 @dataclass
@@ -42,6 +54,8 @@ class ModelShape:
     layers: int
     kv_bytes_per_token: int      # one token's keys and values over all layers, per byte of dtype
     config: object
+    layer_groups: dict[str, frozenset[str]] = field(default_factory=dict)  # group -> in-layer names it trains
+    lora_modules: tuple[str, ...] = ()  # in-layer module names model.lora.target_modules picks
 
 
 @dataclass
@@ -90,10 +104,15 @@ def model_shape(cfg: Config, root: Path, model_dir: Path | None = None) -> Model
     model = _meta_model(config, cfg.model.trust_remote_code)
     named = dict(model.named_parameters())
     groups = {g: sum(p.numel() for n, p in named.items() if pick(n)) for g, pick in GROUPS.items()}
+    layer_groups = {g: frozenset(i for i in (in_layer_name(n) for n in named if pick(n)) if i)
+                    for g, pick in GROUPS.items()}
     r = cfg.model.lora.rank
+    lora_modules: tuple[str, ...] = ()
     with contextlib.suppress(UserFacingError):
-        groups["lora"] = sum(r * (m.in_features + m.out_features)
-                             for m in (model.get_submodule(n) for n in lora_targets(model, cfg.model.lora.target_modules)))
+        targets = lora_targets(model, cfg.model.lora.target_modules)
+        groups["lora"] = sum(r * (m.in_features + m.out_features) for m in (model.get_submodule(n) for n in targets))
+        lora_modules = tuple(sorted({i[:-len(".weight")] for i in (in_layer_name(n + ".weight") for n in targets)
+                                     if i}))
     head = model.get_output_embeddings()
     hidden, layers, vocab = text_shape(config)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -103,7 +122,8 @@ def model_shape(cfg: Config, root: Path, model_dir: Path | None = None) -> Model
     tied = head is not None and head.weight is model.get_input_embeddings().weight
     return ModelShape(params=sum(p.numel() for p in named.values()),
                       head=0 if head is None or tied else head.weight.numel(), groups=groups, vocab=vocab,
-                      hidden=hidden, layers=layers, kv_bytes_per_token=layers * 2 * kv_heads * head_dim, config=config)
+                      hidden=hidden, layers=layers, kv_bytes_per_token=layers * 2 * kv_heads * head_dim, config=config,
+                      layer_groups=layer_groups, lora_modules=lora_modules)
 
 
 def _trainable(shape: ModelShape, group: str) -> int:
@@ -113,15 +133,79 @@ def _trainable(shape: ModelShape, group: str) -> int:
 
 
 def _optimizer(n: int, dtype_bytes: int, backend: str, processes: int) -> int:
-    return n * ADAM_DEEPSPEED // processes if backend == "deepspeed" else n * 2 * dtype_bytes
+    """AdamW's state for n trained parameters: DeepSpeed's fp32 master and moments partitioned over the ranks;
+    the torch updater's two fp32 moments, and an fp32 master of each bf16 parameter (runtime.updaters)."""
+    if backend == "deepspeed":
+        return n * ADAM_DEEPSPEED // processes
+    return n * (8 + (4 if dtype_bytes < 4 else 0))
+
+
+def _gradients(n: int, dtype_bytes: int, backend: str, shard: int) -> int:
+    """The torch updater adds each bf16 gradient into its master's fp32 one after every backward: both at once."""
+    if backend == "deepspeed":
+        return n * dtype_bytes // shard
+    return n * (4 + (dtype_bytes if dtype_bytes < 4 else 0))
+
+
+def profile_for(shape: ModelShape, cfg: Config, trainable: str, dtype_bytes: int,
+                device_type: str = "cuda") -> ActivationProfile:
+    """The traced activation profile of the student for a stage's `trainable` (a group or lora)."""
+    dtype = torch.bfloat16 if dtype_bytes == 2 else torch.float32
+    try:
+        if trainable == "lora":
+            spec = LoraSpec(shape.lora_modules, cfg.model.lora.rank, cfg.model.lora.dropout)
+            return activation_profile(shape.config, dtype, lora=spec, device_type=device_type)
+        return activation_profile(shape.config, dtype, trains=shape.layer_groups.get(trainable),
+                                  device_type=device_type)
+    except Exception:  # noqa: BLE001 - a family the meta device cannot build: the fallback rule
+        return fallback_profile(shape.config, dtype_bytes)
+
+
+def activation_bytes(profile: ActivationProfile, tokens: int, *, recompute: bool, grad: bool = True) -> int:
+    """Activations one forward over `tokens` tokens keeps for its backward (with `grad`), or its working set."""
+    return tokens * (profile.kept(recompute) if grad else profile.inference())
+
+
+def backward_peak(profile: ActivationProfile, tokens: int, vocab: int, recompute: bool) -> int:
+    """What the backward pass adds to the kept activations at its peak: the LM head's chunk of float32 logits
+    and their gradients (recomputed), or later one layer's transient (its activations' gradients, and under
+    recompute the layer itself), whichever is larger: the two never coexist (benchmarks/plan_calibration.py)."""
+    return max(logits_bytes(vocab, tokens), tokens * profile.transient(recompute))
+
+
+def logits_bytes(vocab: int, tokens: int, grad: bool = True) -> int:
+    """The LM head's float32 chunk of scored positions (models.logprobs) and its log-softmax, and in a backward
+    pass the softmax's gradient too (benchmarks/plan_calibration.py: 2 and 3 chunks' worth at the peak)."""
+    chunk = max(1, LOGIT_CHUNK_BYTES // (4 * vocab))  # positions per chunk
+    return (3 if grad else 2) * min(chunk, tokens) * 4 * vocab
+
+
+def _micro_tokens(profile: ActivationProfile, cfg: Config, tokens: int | None, batch_tokens: int,
+                  device_bytes: int | None) -> int:
+    """Tokens in one forward: the section's micro_batch_tokens, or the derived budget (runtime.micro.budget_tokens)
+    for a device of this size, and never more than the batch."""
+    if tokens is None:
+        per_token = profile.training(cfg.model.gradient_checkpointing)
+        tokens = (int(device_bytes * ACTIVATION_SHARE_GPU) if device_bytes else 2 * GiB) // max(per_token, 1)
+    return min(tokens, batch_tokens)
 
 
 def _activations(shape: ModelShape, cfg: Config, dtype_bytes: int, tokens: int | None, batch_tokens: int,
-                 device_bytes: int | None) -> int:
-    per_token = activation_bytes_per_token(shape.config, dtype_bytes, cfg.model.gradient_checkpointing)
-    if tokens is None:  # the derived budget (runtime.micro.budget_tokens) for a device of this size
-        tokens = (int(device_bytes * ACTIVATION_SHARE_GPU) if device_bytes else 2 * GiB) // max(per_token, 1)
-    return min(tokens, batch_tokens) * per_token
+                 device_bytes: int | None, trainable: str, *, grad: bool = True, head: bool = False,
+                 device_type: str = "cuda") -> int:
+    """A forward's activations at the phase's peak: with `head` (the policy's log-probs) the kept ones alone,
+    the backward's own peak going to the "backward" part (`_backward`); without (the discriminator) both."""
+    profile = profile_for(shape, cfg, trainable, dtype_bytes, device_type)
+    n = _micro_tokens(profile, cfg, tokens, batch_tokens, device_bytes)
+    kept = activation_bytes(profile, n, recompute=cfg.model.gradient_checkpointing, grad=grad)
+    return kept if head or not grad else kept + n * profile.transient(cfg.model.gradient_checkpointing)
+
+
+def _backward(shape: ModelShape, cfg: Config, dtype_bytes: int, tokens: int | None, batch_tokens: int,
+              device_bytes: int | None, trainable: str, device_type: str = "cuda") -> int:
+    profile = profile_for(shape, cfg, trainable, dtype_bytes, device_type)
+    return backward_peak(profile, _micro_tokens(profile, cfg, tokens, batch_tokens, device_bytes), shape.vocab,
+                         cfg.model.gradient_checkpointing)
 
 
 @dataclass
@@ -131,21 +215,23 @@ class Lengths:
 
 
 def _policy_parts(shape, cfg, *, dtype_bytes, trainable, backend, zero_stage, processes, micro, batch_tokens,
-                  device_bytes, section) -> tuple[dict[str, int], dict[str, str]]:
+                  device_bytes, section, device_type="cuda") -> tuple[dict[str, int], dict[str, str]]:
     n = _trainable(shape, trainable)
     shard_weights = processes if backend == "deepspeed" and zero_stage == 3 else 1
     shard_grads = processes if backend == "deepspeed" else 1
     parts = {"weights": shape.params * dtype_bytes // shard_weights,
-             "gradients": n * dtype_bytes // shard_grads,
+             "gradients": _gradients(n, dtype_bytes, backend, shard_grads),
              "optimizer": _optimizer(n, dtype_bytes, backend, processes),
-             "activations": _activations(shape, cfg, dtype_bytes, micro, batch_tokens, device_bytes),
-             "logits": 3 * LOGIT_CHUNK_BYTES}
+             "activations": _activations(shape, cfg, dtype_bytes, micro, batch_tokens, device_bytes, trainable,
+                                         head=True, device_type=device_type),
+             "backward": _backward(shape, cfg, dtype_bytes, micro, batch_tokens, device_bytes, trainable, device_type)}
     hints = {"weights": "set model.dtype: bfloat16, or run several processes with "
                         f"{section}.backend: deepspeed and {section}.zero_stage: 3",
              "gradients": f"set {section}.trainable: lora (or a smaller group), or {section}.backend: deepspeed",
              "optimizer": f"set {section}.trainable: lora, or {section}.backend: deepspeed with several processes",
              "activations": f"lower {section}.micro_batch_tokens, or set model.gradient_checkpointing: true",
-             "logits": "the LM head's chunk (fixed); lower the other parts"}
+             "backward": "the LM head's chunk of logits, or one layer recomputed (or its gradients) in the "
+                         f"backward pass: lower {section}.micro_batch_tokens"}
     return parts, hints
 
 
@@ -154,10 +240,24 @@ def _kv(shape: ModelShape, rows: int, length: int, dtype_bytes: int) -> int:
 
 
 def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_bytes: int | None = None,
-                lengths: Lengths = Lengths()) -> list[StagePlan]:
-    """Per-rank peaks of sft, disc_pretrain, rl (and rl_baseline, the same loop), agent_rl and tool_rl."""
+                lengths: Lengths = Lengths(), device_type: str = "cuda") -> list[StagePlan]:
+    """Per-rank peaks of sft, disc_pretrain, rl (and rl_baseline, the same loop), agent_rl and tool_rl, on a GPU
+    or (`device_type` cpu) in a CPU process's resident memory: the runtime's own baseline added, no vLLM."""
+    plans = _device_plans(cfg, shape, processes, device_bytes, lengths, device_type)
+    if device_type == "cpu":
+        for p in plans:
+            p.parts["runtime"] = RUNTIME_BASELINE_CPU
+            p.hints["runtime"] = "the Python process with torch, transformers and protege loaded (fixed)"
+    return plans
+
+
+def _device_plans(cfg: Config, shape: ModelShape, processes: int, device_bytes: int | None, lengths: Lengths,
+                  device_type: str) -> list[StagePlan]:
     b = DTYPE_BYTES[cfg.model.dtype]
     out = []
+    cpu = device_type == "cpu"
+    if cpu:  # the derived micro-batch budget on the CPU is ACTIVATION_BYTES_CPU, whatever the host's memory
+        device_bytes = None
 
     # sft: the policy's update on batch_size rows of prompt + target
     s = cfg.sft
@@ -165,7 +265,7 @@ def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_by
     parts, hints = _policy_parts(shape, cfg, dtype_bytes=b, trainable=s.trainable, backend=s.backend,
                                  zero_stage=s.zero_stage, processes=processes, micro=s.micro_batch_tokens,
                                  batch_tokens=rows * (lengths.prompt + lengths.answer), device_bytes=device_bytes,
-                                 section="sft")
+                                 section="sft", device_type=device_type)
     out.append(StagePlan("sft", parts, "update", hints))
 
     # disc_pretrain: the discriminator alone (backbone + a d -> 1 head)
@@ -174,9 +274,10 @@ def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_by
     disc_params = shape.params - shape.head
     n = shape.groups.get("lora", 0) if disc_group == "lora" else disc_params
     rows = -(-d.batch_size // processes)
-    parts = {"weights": disc_params * b, "gradients": n * b, "optimizer": _optimizer(n, b, d.backend, processes),
+    parts = {"weights": disc_params * b, "gradients": _gradients(n, b, d.backend, processes),
+             "optimizer": _optimizer(n, b, d.backend, processes),
              "activations": _activations(shape, cfg, b, d.micro_batch_tokens, rows * (lengths.prompt + lengths.answer),
-                                         device_bytes)}
+                                         device_bytes, disc_group, device_type=device_type)}
     out.append(StagePlan("disc_pretrain", parts, "update", {
         "gradients": "set disc_pretrain.trainable: lora", "optimizer": "set disc_pretrain.trainable: lora",
         "weights": "set model.dtype: bfloat16",
@@ -190,17 +291,19 @@ def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_by
     seq = lengths.prompt + r.max_new_tokens
     policy, hints = _policy_parts(shape, cfg, dtype_bytes=b, trainable=r.trainable, backend=r.backend,
                                   zero_stage=r.zero_stage, processes=processes, micro=r.micro_batch_tokens,
-                                  batch_tokens=rows * seq, device_bytes=device_bytes, section="rl")
+                                  batch_tokens=rows * seq, device_bytes=device_bytes, section="rl",
+                                  device_type=device_type)
     ref = shape.params * b if r.kl_beta > 0 and r.trainable != "lora" else 0
     disc_n = 0
     if ril:
         disc_n = shape.groups.get("lora", 0) if discriminator_trainable(r.disc_trainable, cfg.model) == "lora" \
             else disc_params
-    disc_update = (disc_params * b + disc_n * b + _optimizer(disc_n, b, r.backend, processes)) if ril else 0
+    disc_update = (disc_params * b + _gradients(disc_n, b, r.backend, processes)
+                   + _optimizer(disc_n, b, r.backend, processes)) if ril else 0
     disc_idle = (disc_params * b + _optimizer(disc_n, b, r.backend, processes)) if ril else 0
-    vllm = int(r.vllm_memory * device_bytes) if r.generation == "vllm" and device_bytes else 0
+    vllm = int(r.vllm_memory * device_bytes) if r.generation == "vllm" and device_bytes and not cpu else 0
     awake = 0 if r.vllm_sleep else vllm  # asleep (sleep mode) while the models update
-    resident = 0 if r.offload_idle and r.backend == "torch" else ref + disc_idle
+    resident = 0 if r.offload_idle and r.backend == "torch" and not cpu else ref + disc_idle
     base = {"weights": policy["weights"] * (processes if r.backend == "deepspeed" and r.zero_stage == 3 else 1),
             "optimizer": policy["optimizer"], "vllm": awake}
     kv = 0 if r.generation == "vllm" else _kv(shape, -(-r.questions_per_step * r.group_size // processes), seq, b)
@@ -211,17 +314,24 @@ def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_by
                    "discriminator": disc_idle if resident else 0},
     }
     if ref and not resident:
-        phases["reference pass"] = {**base, "reference": ref, "activations": policy["activations"] // 3,
-                                    "logits": policy["logits"]}
+        phases["reference pass"] = {**base, "reference": ref,
+                                    "logits": logits_bytes(shape.vocab, rows * seq, grad=False),
+                                    "activations": _activations(shape, cfg, b, r.micro_batch_tokens, rows * seq,
+                                                                device_bytes, r.trainable, grad=False,
+                                                                device_type=device_type)}
     if ril:
+        disc_trains = "lora" if discriminator_trainable(r.disc_trainable, cfg.model) == "lora" else "all"
         phases["discriminator update"] = {**base, "discriminator": disc_update,
-                                          "activations": policy["activations"],
+                                          "activations": _activations(shape, cfg, b, r.micro_batch_tokens,
+                                                                      rows * seq, device_bytes, disc_trains,
+                                                                      device_type=device_type),
                                           "reference": ref if resident else 0}
     phase = max(phases, key=lambda k: sum(phases[k].values()))
     hints.update({"reference": "set rl.trainable: lora (the reference is the policy with its adapters off) or "
                                "rl.offload_idle: true", "discriminator": "set rl.disc_trainable: lora",
                   "kv_cache": "lower rl.questions_per_step or rl.max_new_tokens, or set rl.generation: vllm",
-                  "vllm": "lower rl.vllm_memory, or set rl.vllm_sleep: true"})
+                  "vllm": "lower rl.vllm_memory, or set rl.vllm_sleep: true",
+                  "logits": "the reference's chunk of LM-head logits: lower rl.micro_batch_tokens"})
     out.append(StagePlan("rl", {k: v for k, v in phases[phase].items() if v}, phase, hints))
 
     # agent_rl / tool_rl: episodes of max_turns turns (observation + answer each), a reference when kl_beta > 0
@@ -232,7 +342,8 @@ def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_by
         rows = -(-a.seeds_per_step * a.group_size // processes)
         policy, hints = _policy_parts(shape, cfg, dtype_bytes=b, trainable=a.trainable, backend=a.backend,
                                       zero_stage=a.zero_stage, processes=processes, micro=a.micro_batch_tokens,
-                                      batch_tokens=rows * seq, device_bytes=device_bytes, section=f"{name[:-3]}.rl")
+                                      batch_tokens=rows * seq, device_bytes=device_bytes, section=f"{name[:-3]}.rl",
+                                      device_type=device_type)
         extra = (shape.params * b if a.kl_beta > 0 and a.trainable != "lora" else 0) + (
             shape.params * b if a.gtr.guidance != "none" else 0)
         phases = {"sampling": {"weights": policy["weights"], "optimizer": policy["optimizer"],
@@ -243,6 +354,79 @@ def plan_stages(cfg: Config, shape: ModelShape, *, processes: int = 1, device_by
         hints["kv_cache"] = f"lower {name[:-3]}.rl.seeds_per_step or max_new_tokens"
         out.append(StagePlan(name, {k: v for k, v in phases[phase].items() if v}, phase, hints))
     return out
+
+
+# a GPU rank's host process before any model: Python, torch with its CUDA and NCCL libraries, transformers,
+# protege (an estimate: no GPU measured it here)
+HOST_BASELINE_GPU = 4 * GiB
+
+
+@dataclass
+class HostPlan:
+    """Host memory per rank and per node, and the node's local disk, at the training stages' worst moments."""
+    rank: dict[str, int]       # component -> bytes one rank's process holds at its host peak
+    ranks_per_node: int
+    disk: dict[str, int]       # component -> bytes on the node's local disk (ephemeral storage)
+
+    @property
+    def rank_peak(self) -> int:
+        return sum(self.rank.values())
+
+    @property
+    def node_peak(self) -> int:
+        return self.rank_peak * self.ranks_per_node
+
+    def shm(self) -> int:
+        """/dev/shm for NCCL's intra-node buffers and the data loaders: 2 GiB a rank, 16 GiB at least."""
+        return max(16 * GiB, 2 * GiB * self.ranks_per_node)
+
+
+def host_plan(cfg: Config, shape: ModelShape, *, processes: int = 1, nodes: int = 1) -> HostPlan:
+    """What a GPU run holds in host memory and on local disk, per rank (rl, the stage with the most):
+    - load: the weights pass through host memory on their way to the device (policy, and the discriminator
+      for RIL), in the model's dtype;
+    - sleep: a vLLM engine asleep (level 1) keeps its copy of the weights in host memory;
+    - state: a save copies what trains (weights and AdamW state; the LoRA adapters only) to the host;
+    - disk: each rank writes the checkpoint its engine starts from."""
+    b = DTYPE_BYTES[cfg.model.dtype]
+    r = cfg.rl
+    ril = r.algorithm == "ril" or r.baseline == "ril"
+    disc_params = shape.params - shape.head
+    trained = _trainable(shape, r.trainable)
+    optimizer = _optimizer(trained, b, r.backend, processes)
+    load = shape.params * b + (disc_params * b if ril else 0)
+    vllm = r.generation == "vllm"
+    rank = {"runtime": HOST_BASELINE_GPU, "load": load,
+            "sleep backup": shape.params * b if vllm and r.vllm_sleep else 0,
+            "state copy": trained * b + optimizer}
+    # the load happens before any engine sleeps or state is saved: the peak is the larger of the two moments
+    if rank["load"] < rank["sleep backup"] + rank["state copy"]:
+        rank["load"] = 0
+    else:
+        rank["sleep backup"] = rank["state copy"] = 0
+    per_node = -(-processes // nodes)
+    disk = {"engine start files": shape.params * b * per_node if vllm else 0}
+    return HostPlan({k: v for k, v in rank.items() if v}, per_node, {k: v for k, v in disk.items() if v})
+
+
+def host_table(host: HostPlan) -> str:
+    lines = ["| host memory (GiB) | per rank | per node |", "|---|---:|---:|"]
+    for part, size in host.rank.items():
+        lines.append(f"| {part} | {size / GiB:.1f} | {size * host.ranks_per_node / GiB:.1f} |")
+    lines.append(f"| **peak** | **{host.rank_peak / GiB:.1f}** | **{host.node_peak / GiB:.1f}** |")
+    for part, size in host.disk.items():
+        lines.append(f"| local disk: {part} | - | {size / GiB:.1f} |")
+    return "\n".join(lines)
+
+
+def job_variables(host: HostPlan) -> dict[str, object]:
+    """The Kubernetes job variables deploy/k8s/gpu-base-job-template.json takes, from the host plan (with a
+    fifth more memory and disk than planned: the allocator's arenas, logs, the datasets' cache)."""
+    def gib(x: float) -> str:
+        return f"{max(1, -(-int(x * 1.2) // GiB))}Gi"
+
+    return {"gpus": host.ranks_per_node, "memory": gib(host.node_peak),
+            "ephemeral_storage": gib(sum(host.disk.values()) + 10 * GiB), "shm_size": f"{host.shm() // GiB}Gi"}
 
 
 def parse_memory(text: str) -> int:

@@ -43,12 +43,15 @@ class Discriminator(nn.Module):
 
     @classmethod
     def from_student(cls, student_dir: str | Path, trust_remote_code: bool = False,
-                     dtype: torch.dtype = torch.float32) -> "Discriminator":
+                     dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> "Discriminator":
         # the student's own class loads with no unexpected keys; keep its base model, drop the LM head
         from transformers import AutoModelForImageTextToText
 
+        from protege.models.student import placement
+
         student = AutoModelForImageTextToText.from_pretrained(str(student_dir), use_safetensors=True, dtype=dtype,
-                                                              trust_remote_code=trust_remote_code)
+                                                              trust_remote_code=trust_remote_code,
+                                                              **placement(device))
         return cls(base_model(student), student_dir)
 
     def add_lora(self, rank: int, alpha: float, dropout: float, target_modules) -> "Discriminator":
@@ -107,26 +110,29 @@ class Discriminator(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, trust_remote_code: bool = False,
-             dtype: torch.dtype = torch.float32) -> "Discriminator":
+             dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> "Discriminator":
         from transformers import AutoModel
+
+        from protege.models.student import placement
 
         path = Path(path)
         if not (path / HEAD_FILE).exists():
             raise FileNotFoundError(f"{path}: no discriminator here ({HEAD_FILE} missing)")
         disc = cls(AutoModel.from_pretrained(str(path), use_safetensors=True, dtype=dtype,
-                                             trust_remote_code=trust_remote_code), path)
+                                             trust_remote_code=trust_remote_code, **placement(device)), path)
         disc.head.load_state_dict(load_file(str(path / HEAD_FILE)))  # fp32, whatever dtype it was saved in
         return disc
 
 
 def load_discriminator(path: str | Path, *, from_student: bool = False, trust_remote_code: bool = False,
-                       dtype: str = "float32", lora=None, recompute: bool = False) -> Discriminator:
+                       dtype: str = "float32", lora=None, recompute: bool = False,
+                       device: torch.device | None = None) -> Discriminator:
     """The discriminator saved at `path` (or a fresh one on the student checkpoint at `path`) in `dtype`
     (`model.dtype`: bf16 backbone and autocast forwards; the head stays float32), with fresh adapters on its
     backbone when `lora` (`model.lora` settings) is given, recomputing activations in the backward pass when
-    `recompute` (`model.gradient_checkpointing`)."""
+    `recompute` (`model.gradient_checkpointing`), its weights read onto `device` (a GPU: directly)."""
     make = Discriminator.from_student if from_student else Discriminator.load
-    disc = with_precision(make(path, trust_remote_code, dtype=DTYPES[dtype]), dtype)
+    disc = with_precision(make(path, trust_remote_code, dtype=DTYPES[dtype], device=device), dtype)
     if recompute:  # before the adapters: peft's wrapper passes the call on, and the base model's layers recompute
         disc.enable_recompute()
     if lora is not None:

@@ -342,6 +342,16 @@ class StudentProcessor:
             return {**rows, **self.vision_inputs([per_row[r] for r in order])}
         return out
 
+    def trimmed(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch without the columns every row pads, before its first and after its last attended one: a
+        micro-batch of short rows then costs its own width. Padding is masked out of attention, so no real
+        token's output changes (Trajectory.trimmed, for scored rows)."""
+        cols = batch["attention_mask"].bool().any(dim=0).nonzero().flatten()
+        if not len(cols) or (int(cols[0]) == 0 and int(cols[-1]) == batch["attention_mask"].shape[1] - 1):
+            return batch
+        keys, keep = self.row_keys(), slice(int(cols[0]), int(cols[-1]) + 1)
+        return {k: (v[:, keep] if k in keys else v) for k, v in batch.items()}
+
     def row_keys(self) -> set[str]:
         """The model inputs laid out [rows, tokens]: what a micro-batch's rows and columns are cut from."""
         return {"input_ids", "attention_mask", "answer_mask", *self._probe().per_token}

@@ -60,9 +60,19 @@ def save_student(model, processor: StudentProcessor, path: str | Path) -> None:
     provenance.write(path)  # what made it, when a stage is running
 
 
-def load_student(path: str | Path, dtype=torch.float32, trust_remote_code: bool = False):
+def placement(device: torch.device | None) -> dict:
+    """from_pretrained's arguments that read the weights straight onto a GPU, tensor by tensor from the
+    safetensors files, instead of building the whole model in host memory first (at 7B, ~15 GB per rank)."""
+    if device is None or device.type != "cuda":
+        return {}
+    return {"device_map": {"": str(device)}}
+
+
+def load_student(path: str | Path, dtype=torch.float32, trust_remote_code: bool = False,
+                 device: torch.device | None = None):
     """(model, processor) of a checkpoint folder, through AutoModelForImageTextToText and the folder's own
-    processor; the folder is checked first (CheckpointError names what is missing)."""
+    processor, its weights read onto `device` (a GPU: directly, `placement`); the folder is checked first
+    (CheckpointError names what is missing)."""
     from transformers import AutoModelForImageTextToText
 
     path = Path(path)
@@ -71,5 +81,5 @@ def load_student(path: str | Path, dtype=torch.float32, trust_remote_code: bool 
                                 "run the stage that writes it first")
     check_folder(path, trust_remote_code)
     model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype, use_safetensors=True,
-                                                        trust_remote_code=trust_remote_code)
+                                                        trust_remote_code=trust_remote_code, **placement(device))
     return model, StudentProcessor.from_pretrained(path, trust_remote_code)

@@ -1,6 +1,7 @@
 """One RL step, shared by both loops, as its named phases:
 
-    sample      prompts (questions or fresh layouts) and samples from pi_old, packed into micro-batches
+    sample      prompts (questions or fresh layouts) and samples from pi_old, packed into micro-batches of rows
+                of like length, each cut to its own longest row
     score_old   pi_old's log-probs, when a guidance term, a metric or the objective reads them before the update
     rewards     the judge or the environment, shaped by the guidance terms (RIL's discriminator, GTPO's shaping,
                 GTR-Turbo's KL to the merged teacher)
@@ -163,7 +164,16 @@ def update_figures(s: Session, batch: UpdateBatch, totals: dict[str, float]) -> 
                "lr": s.updater.optimizer.param_groups[0]["lr"]}
     if "value_loss" in totals:
         figures["value_loss"] = totals["value_loss"]
-    return figures
+    return {**figures, **padded_shares(batch.sample)}
+
+
+def padded_shares(sample: Sample) -> dict[str, float]:
+    """The share of padding among the tokens of the step's forwards (policy, pi_old, pi_ref alike): in its
+    length groups, and had every row been padded to the batch's widest (one forward, or the split before
+    length groups)."""
+    real = float(sample.batch.inputs["attention_mask"].sum())
+    return {"padded_share": 1 - real / sum(p.n * p.width for p in sample.parts),
+            "padded_share_batch_wide": 1 - real / (sample.batch.n * sample.batch.width)}
 
 
 def log(s: Session, step: int, figures: dict[str, float]) -> None:

@@ -14,6 +14,7 @@ import torch
 from protege.generation.transformers_backend import Completions
 from protege.models.logprobs import logprobs_from_logits as full_logprobs
 from protege.models.logprobs import scored_positions
+from protege.runtime.micro import rank_length_groups
 
 
 @dataclass
@@ -70,6 +71,33 @@ class Trajectory:
         inputs = {k: (v[:, lo:hi] if k in keys else v) for k, v in self.inputs.items()}
         return Trajectory(inputs, self.loss_mask[:, :L], self.turn[:, :L], self.start - lo, self.owner,
                           self.is_teacher, self.images)
+
+
+def length_parts(traj: Trajectory, tokens: int, processor,
+                 agree: bool = False) -> tuple[list[Trajectory], list[list[int]]]:
+    """`traj` as micro-batches of rows of like length (runtime.micro.length_groups), each trimmed to its own
+    longest row, and the rows of `traj` each holds (ascending). A row's length is where it ends, counted from
+    the batch's first kept column: behind a left-padded prompt two rows with as many tokens can span different
+    columns, and counted so a group's trimmed width never exceeds its longest row's, so the budget holds.
+
+    Trimming keeps scored position t at t (it cuts whole columns before the first and after the last), so a
+    part's per-token tensors [n, L_i] are the first L_i columns of its rows' [N, L] ones: `join_parts`.
+    `agree`: as many parts on every rank (runtime.micro.rank_length_groups; collective)."""
+    attended = traj.inputs["attention_mask"].bool().cpu()
+    ends = torch.where(attended, torch.arange(1, traj.width + 1), 0).amax(dim=1)  # [N]
+    first = int(attended.any(dim=0).nonzero()[0]) if bool(attended.any()) else 0
+    groups = [sorted(g) for g in rank_length_groups((ends - min(first, traj.start)).tolist(), tokens, agree)]
+    parts = [(traj if len(g) == traj.n else traj.select(g, processor)).trimmed(processor) for g in groups]
+    return parts, groups
+
+
+def join_parts(pieces: list[torch.Tensor], rows: list, n: int, width: int) -> torch.Tensor:
+    """Per-part per-token tensors [n_i, L_i] (`length_parts`; rows: a list of row indices or a slice each) as
+    one [n, width] over the whole batch, 0 past a part's width (padding: no scored token there)."""
+    out = pieces[0].new_zeros(n, width)
+    for piece, r in zip(pieces, rows):
+        out[r, :piece.shape[1]] = piece
+    return out
 
 
 def from_completions(c: Completions, prompt_inputs: dict[str, torch.Tensor], processor,

@@ -56,12 +56,21 @@ def barrier() -> None:
 
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     """The sum of `value` over all processes (a copy; `value` itself is left alone)."""
+    return _all_reduce(value, "SUM")
+
+
+def all_reduce_max(value: torch.Tensor) -> torch.Tensor:
+    """The elementwise largest `value` over all processes (a copy)."""
+    return _all_reduce(value, "MAX")
+
+
+def _all_reduce(value: torch.Tensor, op: str) -> torch.Tensor:
     out = value.detach().clone()
     if _grouped():
         # NCCL reduces device tensors only: a count kept on the CPU goes to this rank's bound GPU and back
         staged = (out.to(torch.device("cuda", torch.cuda.current_device()))
                   if out.device.type == "cpu" and torch.distributed.get_backend() == "nccl" else out)
-        torch.distributed.all_reduce(staged, op=torch.distributed.ReduceOp.SUM)
+        torch.distributed.all_reduce(staged, op=getattr(torch.distributed.ReduceOp, op))
         out = staged.to(value.device)
     return out
 

@@ -5,8 +5,8 @@ runs of rows whose padded tokens fit a budget; each run is one forward (and back
 and the optimizer steps once. Every loss is written as each micro-batch's share of the whole batch's loss,
 so the sum over micro-batches is the whole-batch loss and its gradient, whatever the split.
 
-The budget is `micro_batch_tokens` where a section sets it; left unset it is derived from the model's shape
-(per-token activation memory from its hidden size and layers) and the memory there is for activations: a
+The budget is `micro_batch_tokens` where a section sets it; left unset it is derived from the model (per-token
+activation memory traced from its own layers, protege.models.activations) and the memory there is for activations: a
 fixed share of the accelerator, or ACTIVATION_BYTES_CPU on the CPU. The LM head's logits never count against
 it: log-probs come from chunks of scored positions (rollout.trajectory.score).
 """
@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import torch
 
+from protege.models.activations import ActivationProfile, model_profile
 from protege.models.recompute import recomputes
 
 # what the derived budget lets one forward's activations take
 ACTIVATION_BYTES_CPU = 2 << 30
 ACTIVATION_SHARE_GPU = 0.25  # of the device's memory: weights, gradients, optimizer state and KV cache share the rest
-# activation bytes per token per layer, per byte of the dtype: attention + MLP inputs, softmax outputs and
-# norms kept for the backward pass, about 17 * hidden values in a transformer layer without recompute
-ACTIVATION_VALUES_PER_HIDDEN = 17
+# a family the meta-device trace cannot build (remote code): about this many values per hidden unit per layer
+# (a Llama-style layer keeps 30-45 in bf16: benchmarks/plan_calibration.py)
+FALLBACK_VALUES_PER_HIDDEN = 45
 
 
 def text_shape(config) -> tuple[int, int, int]:
@@ -33,14 +34,23 @@ def text_shape(config) -> tuple[int, int, int]:
     return int(hidden), int(layers), int(vocab)
 
 
-def activation_bytes_per_token(config, dtype_bytes: int = 4, recompute: bool = False) -> int:
-    """Memory one token's activations hold until the backward pass (with `recompute`: each layer's input
-    only, plus one layer's worth during its recompute)."""
+def fallback_profile(config, dtype_bytes: int) -> ActivationProfile:
     hidden, layers, _ = text_shape(config)
-    per_layer = ACTIVATION_VALUES_PER_HIDDEN * hidden * dtype_bytes
-    if recompute:
-        return layers * hidden * dtype_bytes + per_layer
-    return layers * per_layer
+    per_layer = FALLBACK_VALUES_PER_HIDDEN * hidden * dtype_bytes
+    return ActivationProfile(per_layer=per_layer, layer_input=hidden * dtype_bytes, outside=4 * hidden,
+                             largest=per_layer // 4, layers=layers)
+
+
+def training_bytes_per_token(model: torch.nn.Module, device: torch.device | None = None) -> int:
+    """Memory one token's activations hold at the peak of this model's forward and backward, as it is set to
+    train (its dtype, adapters or trainable weights, recompute): protege.models.activations' trace."""
+    device_type = device.type if device is not None else "cpu"
+    try:
+        profile = model_profile(model, device_type)
+    except Exception:  # noqa: BLE001 - a family the meta device cannot build: the fallback rule
+        dtype = next((p.dtype for p in model.parameters()), torch.float32)
+        profile = fallback_profile(model.config, torch.finfo(dtype).bits // 8)
+    return profile.training(recomputes(model))
 
 
 def activation_budget(device: torch.device | None) -> int:
@@ -53,9 +63,7 @@ def budget_tokens(setting: int | None, model: torch.nn.Module, device: torch.dev
     """Tokens per micro-batch: the setting, or the derived budget for this model on this device."""
     if setting is not None:
         return setting
-    dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    per_token = activation_bytes_per_token(model.config, torch.finfo(dtype).bits // 8, recomputes(model))
-    return max(1, activation_budget(device) // max(per_token, 1))
+    return max(1, activation_budget(device) // max(training_bytes_per_token(model, device), 1))
 
 
 def micro_batches(rows: int, width: int, tokens: int) -> list[range]:
@@ -107,3 +115,34 @@ def length_groups(lengths: list[int], tokens: int, overhead: int = FORWARD_OVERH
         groups.append(order[cut[j]:j])
         j = cut[j]
     return groups[::-1]
+
+
+def split_to(groups: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:
+    """`groups` with the ones of most padded tokens halved (in length order) until there are `count` of them."""
+    groups = [list(g) for g in groups]
+    while len(groups) < count:
+        splittable = [g for g in groups if len(g) > 1]
+        if not splittable:
+            break
+        big = max(splittable, key=lambda g: len(g) * max(lengths[i] for i in g))
+        ordered = sorted(big, key=lambda i: (lengths[i], i))
+        at = groups.index(big)
+        groups[at:at + 1] = [ordered[:len(ordered) // 2], ordered[len(ordered) // 2:]]
+    return groups
+
+
+def rank_length_groups(lengths: list[int], tokens: int, agree: bool) -> list[list[int]]:
+    """length_groups, and with `agree` (ZeRO-3 over several ranks: every forward gathers the weights, a
+    collective) as many groups on every rank: the ranks with fewer split their largest ones. Collective when
+    `agree`; a rank with fewer rows than the others' forwards is refused on every rank alike."""
+    groups = length_groups(lengths, tokens)
+    if not agree:
+        return groups
+    from protege.errors import UserFacingError
+    from protege.runtime.distributed import all_reduce_max
+
+    most, least_rows = (int(v) for v in all_reduce_max(torch.tensor([len(groups), -len(lengths)])))
+    if -least_rows < most:
+        raise UserFacingError(f"ZeRO-3 runs as many forwards on every rank: one rank has {-least_rows} rows for "
+                              f"{most} forwards; raise micro_batch_tokens or the rows per step, or use zero_stage 2")
+    return split_to(groups, lengths, most)

@@ -67,6 +67,12 @@ class Weights:
             self.source.load_weights(tensors, keep=keep)
 
 
+def collective_dump(part) -> bool:
+    """Whether every rank must call `part.dump()`: weights held by a ZeRO-3 engine are gathered to be read."""
+    source = getattr(part, "source", None)
+    return getattr(source, "zero_stage", 0) == 3
+
+
 def check_loaded(result, frozen: set[str]) -> None:
     """A state loaded with strict=False: only frozen parameters may be absent from it, and nothing may be extra
     (another model's state)."""
@@ -179,7 +185,8 @@ def fingerprint(params: dict, seed: int, inputs_digest: str = "") -> str:
 
 def save_state(folder: Path, *, step: int, parts: dict[str, Part], py_rng: random.Random, cursor: dict,
                fingerprint: str, rank: int = 0, world_size: int = 1, barrier=lambda: None) -> None:
-    """Collective under DeepSpeed: every rank calls it with the same parts."""
+    """Collective under DeepSpeed: every rank calls it with the same parts; a whole part is dumped by rank 0 only,
+    unless its dump is collective (`collective_dump`)."""
     tmp = folder.with_name(folder.name + ".tmp")
     if rank == 0:
         if tmp.exists():
@@ -187,6 +194,10 @@ def save_state(folder: Path, *, step: int, parts: dict[str, Part], py_rng: rando
         tmp.mkdir(parents=True)
     barrier()
     for name, part in parts.items():
+        # a whole part is copied to the host by rank 0 alone (at 7B a full copy per rank is ~15 GB of host memory
+        # for nothing), unless dumping it is a collective every rank must join (ZeRO-3 gathers the weights)
+        if not (part.per_rank or rank == 0 or collective_dump(part)):
+            continue
         tensors, extras = part.dump()
         if part.per_rank or rank == 0:
             stem = _file_stem(name, part, rank)

@@ -290,3 +290,11 @@ def make_updater(backend: str, model, params, lr: float, zero_stage: int, device
         return DeepSpeedUpdater(model, params, lr, zero_stage, clip=clip, device=device, weight_decay=weight_decay,
                                 lr_lambda=lr_lambda, key=key)
     raise UserFacingError(f"{key} is {backend!r}; expected 'torch' or 'deepspeed'")
+
+
+def even_forwards(updater) -> bool:
+    """Whether every rank must run as many forwards: ZeRO-3 over several ranks gathers each layer's weights in
+    every forward (a collective), so a rank with one forward more waits for the others forever."""
+    from protege.runtime.distributed import world
+
+    return getattr(updater, "zero_stage", 0) == 3 and world()[1] > 1

@@ -17,6 +17,7 @@ from protege.stages.common import QuietRun, StepHistory, inputs_digest, say, ste
 from protege.stages.student_model import load_model, with_lora
 from protege.stages.games import GAMES, GameLayout
 from protege.runtime.distributed import on_rank0, world
+from protege.runtime.placement import resolve_device
 from protege.runtime.run_folder import drop_previous, prepare_out_dir
 
 STATE = "state"
@@ -55,7 +56,7 @@ def train(cfg: Config, root: Path, mlrun, game: str = "agent") -> dict:
     digest = inputs_digest(root, [layout.sft_model])
     out = root / layout.rl_dir
     resumed = on_rank0(lambda: prepare_out_dir(out, agent_fingerprint(a, cfg.seed, digest), a.rl.steps))
-    policy, processor = load_model(cfg, root / layout.sft_model)
+    policy, processor = load_model(cfg, root / layout.sft_model, resolve_device(a.rl.device, f"{game}.rl.device"))
     start = _eval("start", policy, processor, cfg, mlrun, layout) if lead else {}
     policy = with_lora(cfg, policy, a.rl.trainable)
     g, p = a.rl.gtr, a.rl.gtpo

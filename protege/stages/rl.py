@@ -34,6 +34,7 @@ from protege.stages.common import QuietRun, StepHistory, inputs_digest, say, ste
 from protege.stages.student_model import load_model, with_lora
 from protege.teachers.factory import build_teacher
 from protege.runtime.distributed import all_reduce_sum, on_rank0, world
+from protege.runtime.placement import CPU, resolve_device
 from protege.runtime.run_folder import drop_previous, prepare_out_dir
 
 STATE = "state"
@@ -155,9 +156,11 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
                      (DISCRIMINATOR, "discriminator")):
         if (root / rel).exists() and (ril or rel not in (TEACHER_ANSWERS, DISCRIMINATOR)):
             run.log_input(rel, context=ctx)
-    policy, processor = load_model(cfg, root / SFT_MODEL)
+    device = resolve_device(c.device, "rl.device")
+    idle = CPU if c.offload_idle and c.backend == "torch" else device  # where the reference and discriminator wait
+    policy, processor = load_model(cfg, root / SFT_MODEL, device)
     # a LoRA policy is its own reference (adapters disabled): no second copy; no KL term: no reference at all
-    ref = None if c.trainable == "lora" or c.kl_beta == 0 else load_model(cfg, root / SFT_MODEL)[0]
+    ref = None if c.trainable == "lora" or c.kl_beta == 0 else load_model(cfg, root / SFT_MODEL, idle)[0]
     policy = with_lora(cfg, policy, c.trainable)
     out = root / out_rel
     digest = inputs_digest(root, input_files(root, split_table(cfg.data.source, "val"), ril))
@@ -171,7 +174,8 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     processor.check_images(rows, str(CURATED_RL))
     disc = (load_discriminator(root / DISCRIMINATOR, trust_remote_code=cfg.model.trust_remote_code,
                                dtype=cfg.model.dtype, recompute=cfg.model.gradient_checkpointing,
-                               lora=cfg.model.lora if discriminator_trainable(c.disc_trainable, cfg.model) == "lora" else None)
+                               lora=cfg.model.lora if discriminator_trainable(c.disc_trainable, cfg.model) == "lora" else None,
+                               device=idle)
             if ril else None)
     inputs = RLInputs(rows, teacher_answers(root) if ril else {}, disc, judge, evaluator=curve,
                       max_prompt_tokens=cfg.curate.max_tokens)  # curate dropped every longer question

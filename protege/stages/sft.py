@@ -17,6 +17,7 @@ from protege.pool import pool_tables
 from protege.stages.common import QuietRun, inputs_digest, say, step_logger, write_stage_metrics
 from protege.stages.student_model import init_dir, load_model, log_start_model, model_path, with_lora
 from protege.runtime.distributed import world
+from protege.runtime.placement import resolve_device
 from protege.train.sft import train_sft
 
 
@@ -29,7 +30,7 @@ def run(cfg: Config, root: Path, run) -> None:
     run.log_input(train, context="train")
     start = init_dir(cfg, root)
     log_start_model(cfg, root, run, start, "init")
-    model, processor = load_model(cfg, start)
+    model, processor = load_model(cfg, start, resolve_device(cfg.sft.device, "sft.device"))
     model = with_lora(cfg, model, cfg.sft.trainable)
     rows = load_rows(root / train)
     processor.check_images(rows, str(train))

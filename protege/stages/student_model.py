@@ -52,12 +52,14 @@ def init_dir(cfg, root: Path) -> Path:
     return base_model_dir(cfg, root) if Path(cfg.sft.init) == BASE_MODEL else root / cfg.sft.init
 
 
-def load_model(cfg, path: Path):
-    """(model, processor) of a checkpoint folder with the project's model settings."""
+def load_model(cfg, path: Path, device=None):
+    """(model, processor) of a checkpoint folder with the project's model settings, read onto `device` (a GPU:
+    directly, with no copy of the whole model in host memory)."""
     from protege.models.precision import DTYPES, with_precision
     from protege.models.student import load_student
 
-    model, processor = load_student(path, dtype=DTYPES[cfg.model.dtype], trust_remote_code=cfg.model.trust_remote_code)
+    model, processor = load_student(path, dtype=DTYPES[cfg.model.dtype], trust_remote_code=cfg.model.trust_remote_code,
+                                    device=device)
     with_precision(model, cfg.model.dtype)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -22,11 +22,11 @@ from protege.eval.stats import auroc
 from protege.models.discriminator import Discriminator
 from protege.models.processor import StudentProcessor
 from protege.runtime.distributed import all_reduce_sum, barrier, world
-from protege.runtime.micro import budget_tokens, micro_batches
+from protege.runtime.micro import budget_tokens, rank_length_groups
 from protege.runtime.placement import resolve_device, to_device
 from protege.runtime.run import Run, due
 from protege.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
-from protege.runtime.updaters import make_updater
+from protege.runtime.updaters import even_forwards, make_updater
 
 
 
@@ -96,19 +96,19 @@ def pretrain_discriminator(disc: Discriminator, processor: StudentProcessor, exa
     for step in range(start, cfg.steps + 1):
         batch_ex = rng.sample(train, batch_size)  # every rank draws the same batch ...
         mine = batch_ex[rank::world_size]         # ... and trains on its slice
-        whole = _batch(processor, mine)
+        whole = _batch(processor, mine)  # right-padded: a row's length is its attended tokens
         target = torch.tensor([e.label for e in mine], device=device)
-        # each micro-batch's summed BCE as its share of the global batch's mean (distributed.global_mean_share)
-        loss, logit_parts = torch.zeros((), device=device), []
-        for span in micro_batches(len(mine), whole["input_ids"].shape[1], tokens):
-            part = whole if len(span) == len(mine) else processor.select_rows(whole, [e.image for e in mine], list(span))
-            logits = disc(**to_device(part, device))
-            share = F.binary_cross_entropy_with_logits(logits, target[span.start:span.stop], reduction="sum") * (
-                world_size / batch_size)
+        # each micro-batch's summed BCE as its share of the global batch's mean (distributed.global_mean_share);
+        # answers of like length together, each micro-batch cut to its longest
+        loss, logits = torch.zeros((), device=device), torch.zeros(len(mine), device=device)
+        groups = rank_length_groups(whole["attention_mask"].sum(dim=1).tolist(), tokens, even_forwards(updater))
+        for rows in map(sorted, groups):
+            part = whole if len(rows) == len(mine) else processor.select_rows(whole, [e.image for e in mine], rows)
+            out = disc(**to_device(processor.trimmed(part), device))
+            share = F.binary_cross_entropy_with_logits(out, target[rows], reduction="sum") * (world_size / batch_size)
             updater.backward(share)
             loss += share.detach()
-            logit_parts.append(logits.detach())
-        logits = torch.cat(logit_parts)
+            logits[rows] = out.detach().float()
         step_loss = float(all_reduce_sum(loss) / world_size)
         if not math.isfinite(step_loss):
             raise FloatingPointError(f"discriminator loss is {step_loss} at step {step}; lower disc_pretrain.lr")

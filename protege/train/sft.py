@@ -22,12 +22,12 @@ from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
 from protege.rollout.trajectory import Trajectory, answer_trajectory, score
 from protege.runtime.distributed import all_reduce_sum, barrier, world
-from protege.runtime.micro import budget_tokens, length_groups
+from protege.runtime.micro import budget_tokens, rank_length_groups
 from protege.runtime.placement import resolve_device
 from protege.runtime.run import Run, due, next_rows
 from protege.runtime.schedule import lr_factor
 from protege.runtime.state import OptimizerState, TorchRNG, Weights, fingerprint
-from protege.runtime.updaters import make_updater
+from protege.runtime.updaters import even_forwards, make_updater
 
 # settings that change when things are logged or saved, never the weights: a state survives changing them
 
@@ -84,7 +84,8 @@ def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfi
         traj = answer_trajectory(batch, images)
         # each micro-batch's summed loss as its share of the global batch's token mean (global_mean_share)
         loss = torch.zeros((), device=device)
-        for rows_ in length_groups(traj.inputs["attention_mask"].sum(dim=1).tolist(), tokens):
+        for rows_ in rank_length_groups(traj.inputs["attention_mask"].sum(dim=1).tolist(), tokens,
+                                         even_forwards(updater)):
             part = (traj if len(rows_) == traj.n else traj.select(rows_, processor)).trimmed(processor).to(device)
             share = answer_nll(model, part) * (world_size / total)
             updater.backward(share)

@@ -49,8 +49,26 @@ def test_a_deployments_job_variables_override_gpu_count_and_image():
                   "env": {"NCCL_DEBUG": "INFO"}})
     c = container(job)
     assert c["image"] == "ghcr.io/acme/protege:1.2"
-    assert c["resources"]["limits"] == {"nvidia.com/gpu": 4, "memory": "320Gi", "cpu": "8"}
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 4, "memory": "320Gi", "cpu": "8",
+                                        "ephemeral-storage": "100Gi"}
     assert job.env["NCCL_DEBUG"] == "INFO"
+
+
+def test_the_plans_job_variables_fill_the_template():
+    """`protege plan --job` prints variables this template takes: 8 ranks of a 7B RIL run on one node."""
+    from protege.config import load_config
+    from protege.plan import host_plan, job_variables, model_shape
+
+    folder = REPO / "docs" / "examples" / "qwen2.5-vl-7b"
+    cfg = load_config(folder / "params.yaml")
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(folder)})})
+    variables = job_variables(host_plan(cfg, model_shape(cfg, REPO, folder), processes=8))
+    assert set(variables) <= set(json.loads(TEMPLATE.read_text())["variables"]["properties"])
+    c = container(render(variables))
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    # eight ranks each pass a 15 GiB bf16 policy and its discriminator through host memory on their way in
+    assert int(c["resources"]["limits"]["memory"].removesuffix("Gi")) > 8 * 30
+    assert c["resources"]["requests"]["ephemeral-storage"] == variables["ephemeral_storage"]
 
 
 @pytest.mark.parametrize("name", ["gpus", "image", "memory", "workspace_pvc", "project_dir"])

@@ -49,3 +49,43 @@ def test_a_module_trained_by_no_updater_keeps_every_tensor(tiny_student):
     head = torch.nn.Linear(4, 1)
     tensors, _ = Weights(head).dump()
     assert set(tensors) == {"weight", "bias"}
+
+
+class Counting:
+    """A part that counts its dumps."""
+
+    def __init__(self, per_rank: bool, source=None):
+        self.per_rank, self.source, self.dumps = per_rank, source, 0
+
+    def dump(self):
+        self.dumps += 1
+        return {"x": torch.ones(2)}, None
+
+
+class ZeroThree:
+    zero_stage = 3
+
+
+def test_only_rank_0_copies_a_whole_part_unless_its_dump_is_collective(tmp_path):
+    """Rank 1 dumps its own pieces and joins ZeRO-3's gather, but makes no host copy of a whole part that
+    rank 0 alone writes (at 7B, ~15 GB of host memory per rank per save)."""
+    import random
+
+    from protege.runtime.state import save_state
+
+    whole, mine, gathered = Counting(False), Counting(True), Counting(False, ZeroThree())
+    (tmp_path / "state.tmp").mkdir()
+    save_state(tmp_path / "state", step=1, parts={"w": whole, "rng": mine, "z3": gathered}, py_rng=random.Random(0),
+               cursor={}, fingerprint="f", rank=1, world_size=2)
+    assert (whole.dumps, mine.dumps, gathered.dumps) == (0, 1, 1)
+    assert (tmp_path / "state.tmp" / "rng-rank1.safetensors").exists()
+    assert not (tmp_path / "state.tmp" / "w.safetensors").exists()
+
+
+def test_a_gpu_load_reads_the_weights_onto_the_device():
+    """On a GPU the weights go straight from the safetensors files to the device (no host copy of the whole
+    model per rank); on the CPU from_pretrained is called as before."""
+    from protege.models.student import placement
+
+    assert placement(torch.device("cuda", 3)) == {"device_map": {"": "cuda:3"}}
+    assert placement(torch.device("cpu")) == {} and placement(None) == {}

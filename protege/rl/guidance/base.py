@@ -37,8 +37,9 @@ class Step:
     mask: torch.Tensor           # [N, T-1] 1.0 on the policy's own tokens
     device: torch.device
     metrics: dict[str, float]    # the step's logged metrics; a term adds its own
-    parts: list[Trajectory] = field(default_factory=list)  # `batch` as micro-batches on the device, in row order
+    parts: list[Trajectory] = field(default_factory=list)  # `batch` as micro-batches on the device (Sample.parts)
     tokens: int | None = None    # micro_batch_tokens: the budget of any forward a term runs
+    part_rows: list = field(default_factory=list)  # the rows of `batch` each part holds (Sample.rows)
 
 
 @dataclass
@@ -52,9 +53,11 @@ class QuestionStep:
     policy: torch.nn.Module | None = None
     device: torch.device | None = None
     tokens: int | None = None         # micro_batch_tokens: the budget of any forward a term runs
-    # the group packed for training and its micro-batches on the device, in row order: set after `shape`, for `loss`
+    # the group packed for training, its micro-batches on the device and the rows each holds (Sample.parts,
+    # Sample.rows): set after `shape`, for `loss`
     batch: Trajectory | None = None
     parts: list[Trajectory] = field(default_factory=list)
+    part_rows: list = field(default_factory=list)
 
 
 class Guidance:

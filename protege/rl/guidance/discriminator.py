@@ -13,26 +13,28 @@ from protege.rewards.similarity import similarity_reward
 from protege.rl.estimators.base import Returns
 from protege.rl.guidance.base import Guidance, QuestionStep
 from protege.runtime.distributed import rows_per_rank
-from protege.runtime.micro import budget_tokens, micro_batches
+from protege.runtime.micro import budget_tokens, rank_length_groups
 from protege.runtime.placement import CPU, to_device, visiting
 from protege.runtime.state import OptimizerState, Weights
-from protege.runtime.updaters import make_updater
+from protege.runtime.updaters import even_forwards, make_updater
 
 
 def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], per_question: int,
-                device: torch.device, tokens: int) -> list[dict]:
-    """The discriminator's inputs for every (question, answer), as micro-batches of at most `tokens` tokens."""
+                device: torch.device, tokens: int, agree: bool = False) -> list[tuple[list[int], dict]]:
+    """The discriminator's inputs for every (question, answer), as micro-batches of at most `tokens` tokens of
+    answers of like length, each cut to its own longest row, with the answers each holds (`agree`: as many on
+    every rank, runtime.micro.rank_length_groups)."""
     qs = [r.question for r in rows for _ in range(per_question)]
     ims = [r.image for r in rows for _ in range(per_question)]
-    whole = processor.encode_pairs(qs, ims, texts)
-    spans = micro_batches(len(texts), whole["input_ids"].shape[1], tokens)
-    parts = [whole if len(span) == len(texts) else processor.select_rows(whole, ims, list(span)) for span in spans]
+    whole = processor.encode_pairs(qs, ims, texts)  # right-padded: a row's length is its attended tokens
     out = []
-    for part in parts:
-        part = to_device(part, device)
+    for group in rank_length_groups(whole["attention_mask"].sum(dim=1).tolist(), tokens, agree):
+        group = sorted(group)
+        part = to_device(processor.trimmed(whole if len(group) == len(texts) else
+                                           processor.select_rows(whole, ims, group)), device)
         for key in ("mm_token_type_ids", "pixel_values", "image_grid_thw"):  # absent for text-only questions
             part.setdefault(key, None)
-        out.append(part)
+        out.append((group, part))
     return out
 
 
@@ -58,22 +60,20 @@ class DiscriminatorSimilarity(Guidance):
         labels = torch.tensor(([1.0] * G + [0.0] * G) * B, device=self.device)
         with visiting(self.host, self.device, self.offload):
             parts = _disc_batch(self.processor, step.rows, texts, 2 * G, self.device,
-                                budget_tokens(cfg.micro_batch_tokens, disc, self.device))
-            spans, first = [], 0
-            for part in parts:
-                spans.append(slice(first, first + part["input_ids"].shape[0]))
-                first = spans[-1].stop
+                                budget_tokens(cfg.micro_batch_tokens, disc, self.device), even_forwards(self.updater))
             if self.updater is not None:
                 # BCE's mean over the 2G * B answers of every rank, as micro-batch shares (rows_per_rank)
                 denominator = rows_per_rank(len(texts))
                 for _ in range(cfg.disc_updates):
-                    for part, span in zip(parts, spans):
-                        self.updater.backward(F.binary_cross_entropy_with_logits(disc(**part), labels[span],
+                    for group, part in parts:
+                        self.updater.backward(F.binary_cross_entropy_with_logits(disc(**part), labels[group],
                                                                                  reduction="sum") / denominator)
                     self.updater.step()
             with torch.no_grad():
                 disc.eval()
-                scores = torch.cat([torch.sigmoid(disc(**part)).cpu() for part in parts])  # [B * 2G], on the CPU
+                scores = torch.zeros(len(texts))  # [B * 2G] in answer order, on the CPU
+                for group, part in parts:
+                    scores[group] = torch.sigmoid(disc(**part)).float().cpu()
                 disc.train()
         labels = labels.cpu()
         in_group = scores if cfg.teacher_in_group else scores.view(B, 2 * G)[:, :G].reshape(-1)

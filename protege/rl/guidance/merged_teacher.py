@@ -24,8 +24,7 @@ from protege.rl.estimators.base import Returns
 from protege.rl.guidance.base import Guidance, Step
 from protege.rl.losses import format_bonus, merged_kl_penalty, unparsed_kl
 from protege.rl.merged_teacher import MergedTeacher, trainable_weights
-from protege.rollout.trajectory import Trajectory, thought_sft_loss, token_logprobs
-from protege.runtime.micro import micro_batches
+from protege.rollout.trajectory import Trajectory, join_parts, length_parts, thought_sft_loss, token_logprobs
 from protege.runtime.placement import CPU, visiting
 from protege.world.envs import action_start as grid_action_start
 from protege.world.envs import no_action
@@ -130,8 +129,10 @@ class MergedTeacherGuidance(Guidance):
     def shape(self, step: Step, returns: Returns) -> Returns:
         # the penalty is measured (and logged) under `sft` too; only `kl` takes it off the rewards: each turn
         # pays for its own thought tokens, before the returns and advantages are computed
+        parts, rows = (step.parts, step.part_rows) if step.part_rows else ([step.batch], [slice(None)])
         with torch.no_grad(), visiting(self.teacher, step.device, self.offload):
-            logp_m = torch.cat([token_logprobs(self.teacher, part).cpu() for part in step.parts or [step.batch]])
+            logp_m = join_parts([token_logprobs(self.teacher, part).cpu() for part in parts], rows,
+                                *step.batch.loss_mask.shape)
         # on the CPU: [N, L] per-token figures, whatever the device
         logp, mask, batch = step.logp.detach().cpu(), step.mask.cpu(), step.batch.to(torch.device("cpu"))
         E, T = returns.turn.shape
@@ -164,8 +165,7 @@ class MergedTeacherGuidance(Guidance):
             return
         batch, sft = thoughts.batch, 0.0
         n_tok = float(batch.loss_mask.sum())
-        for span in micro_batches(batch.n, batch.width, step.tokens or batch.n * batch.width):
-            part = batch if len(span) == batch.n else batch.select(span, self.processor)
+        for part in length_parts(batch, step.tokens or batch.n * batch.width, self.processor)[0]:
             share = thought_sft_loss(token_logprobs(step.policy, part), part.loss_mask.float(), tokens=n_tok)
             sft += float(share.detach())
             yield self.gtr.sft_coef * share

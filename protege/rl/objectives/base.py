@@ -70,7 +70,7 @@ class Objective:
     def score_old(self, policy, sample: Sample) -> Old:
         """pi_old's forward over the step's micro-batches (called under no_grad)."""
         scored = [token_logprobs(policy, part, with_entropy=True) for part in sample.parts]
-        return Old(torch.cat([lp for lp, _ in scored]), torch.cat([h for _, h in scored]))
+        return Old(sample.whole([lp for lp, _ in scored]), sample.whole([h for _, h in scored]))
 
     def prepare(self, batch: UpdateBatch) -> None:
         """Per-step tensors every micro-batch reads (into `batch.prepared`)."""
@@ -80,6 +80,6 @@ class Objective:
         raise NotImplementedError
 
 
-def part_of(batch: UpdateBatch, i: int) -> tuple[Trajectory, slice]:
+def part_of(batch: UpdateBatch, i: int) -> tuple[Trajectory, list[int] | slice]:
     """Micro-batch i and the rows of the step's batch it holds."""
     return batch.sample.parts[i], batch.sample.rows[i]

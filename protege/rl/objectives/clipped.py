@@ -32,22 +32,23 @@ class ClippedSurrogate(Objective):
 
     def policy_term(self, logp: torch.Tensor, i: int, batch: UpdateBatch):
         """Micro-batch i's clipped surrogate + KL, from the policy's log-probs `logp` [n, L]."""
-        rows = batch.sample.rows[i]
-        logp_old = logp.detach() if batch.old is None else batch.old.logp[rows]
+        take = batch.sample.take  # the whole batch's [N] / [N, L] tensors, cut to micro-batch i's rows and width
+        logp_old = logp.detach() if batch.old is None else take(i, batch.old.logp)
         ref = batch.logp_ref[i] if batch.logp_ref[i] is not None else logp_old
-        weights, stats = self.engine_weights(logp, rows, batch)
-        share, part_stats = policy_loss(logp, logp_old, ref, batch.adv.tokens[rows].to(self.device),
-                                        batch.sample.mask[rows], clip_eps=self.clip_eps, kl_beta=self.cfg.kl_beta,
+        weights, stats = self.engine_weights(logp, i, batch)
+        share, part_stats = policy_loss(logp, logp_old, ref, take(i, batch.adv.tokens).to(self.device),
+                                        take(i, batch.sample.mask), clip_eps=self.clip_eps, kl_beta=self.cfg.kl_beta,
                                         aggregation=self.aggregation, max_len=batch.sample.max_len, rows=batch.rows,
                                         tokens=batch.tokens, is_weights=weights)
         return share, {**part_stats, **stats}
 
-    def engine_weights(self, logp: torch.Tensor, rows: slice, batch: UpdateBatch):
-        """The importance weights of the tokens a rollout engine sampled (None: the policy sampled them)."""
-        engine = batch.sample.engine
+    def engine_weights(self, logp: torch.Tensor, i: int, batch: UpdateBatch):
+        """Micro-batch i's importance weights of the tokens a rollout engine sampled (None: the policy sampled
+        them)."""
+        engine, take = batch.sample.engine, batch.sample.take
         if engine is None:
             return None, {}
-        lp_r, on = engine.logp[rows].to(self.device), engine.sampled[rows].to(self.device)
+        lp_r, on = take(i, engine.logp).to(self.device), take(i, engine.sampled).to(self.device)
         weights = rollout_is_weights(logp, lp_r, on, engine.cap)
         return weights, {"is_sum": float((weights * on).sum()), "is_capped": float(((weights >= engine.cap) * on).sum()),
                          "lp_gap": float(((logp.detach() - lp_r) * on).sum())}

@@ -31,8 +31,8 @@ class PPOWithValueHead(ClippedSurrogate):
 
     def score_old(self, policy, sample):
         scored = [scored_with_values(policy, self.head, part) for part in sample.parts]
-        values = turn_values(torch.cat([v for _, _, v in scored]).cpu(), sample.batch, *sample.shape)
-        return Old(torch.cat([lp for lp, _, _ in scored]), torch.cat([h for _, h, _ in scored]), values)
+        values = turn_values(sample.whole([v for _, _, v in scored]).cpu(), sample.batch, *sample.shape)
+        return Old(sample.whole([lp for lp, _, _ in scored]), sample.whole([h for _, h, _ in scored]), values)
 
     def prepare(self, batch: UpdateBatch) -> None:
         returns, values = batch.returns, batch.old.values

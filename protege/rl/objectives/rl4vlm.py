@@ -21,7 +21,8 @@ class OutputRatioPPO(PPOWithValueHead):
         old = super().score_old(policy, sample)
         old.ratio_logp = old.logp
         if self.temperature != 1.0:
-            old.ratio_logp = torch.cat([score(policy, part, temperature=self.temperature).logp for part in sample.parts])
+            old.ratio_logp = sample.whole([score(policy, part, temperature=self.temperature).logp
+                                           for part in sample.parts])
         return old
 
     def prepare(self, batch: UpdateBatch) -> None:
@@ -37,7 +38,8 @@ class OutputRatioPPO(PPOWithValueHead):
                              torch.full_like(turn, -1)))
 
     def policy_term(self, logp, i, batch: UpdateBatch):
-        rows, p = batch.sample.rows[i], batch.prepared
-        share, stats = output_ratio_loss(logp, batch.old.ratio_logp[rows], p["weights"][rows], p["cell"][rows],
-                                         batch.adv.turns.to(self.device).flatten(), self.clip_eps, cells=p["turns"])
+        take, p = batch.sample.take, batch.prepared  # whole-batch tensors cut to micro-batch i's rows and width
+        share, stats = output_ratio_loss(logp, take(i, batch.old.ratio_logp), take(i, p["weights"]),
+                                         take(i, p["cell"]), batch.adv.turns.to(self.device).flatten(), self.clip_eps,
+                                         cells=p["turns"])
         return share, {**stats, "kl": 0.0}

@@ -21,9 +21,10 @@ from protege.rl.sample import Sample
 from protege.rl.thought_stats import thought_metrics
 from protege.rollout.episodes import Episode, pack_episodes, play
 from protege.rollout.games import env_factory, max_turns, sampling_for
+from protege.rollout.trajectory import length_parts
 from protege.runtime.distributed import world
-from protege.runtime.micro import micro_batches
 from protege.runtime.run import due
+from protege.runtime.updaters import even_forwards
 from protege.world.envs import EVAL_SEED_OFFSET, train_seed
 
 
@@ -85,17 +86,16 @@ class Episodes(Rollout):
                        device=s.device, context=self.cfg.context)
         rollout_s = time.perf_counter() - t0
         batch = pack_episodes(self.processor, eps)  # N rows: episodes, or their turns (on the CPU)
-        spans = micro_batches(batch.n, batch.width, s.tokens_per_forward)
-        parts = [(batch if len(span) == batch.n else batch.select(span, self.processor)).to(s.device)
-                 for span in spans]
+        parts, rows = length_parts(batch, s.tokens_per_forward, self.processor,
+                                   even_forwards(s.updater))  # episodes differ in length
         rewards, valid = turn_rewards(eps)
-        return EpisodeSample(batch, parts, [slice(r.start, r.stop) for r in spans],
+        return EpisodeSample(batch, [part.to(s.device) for part in parts], rows,
                              batch.loss_mask.float().to(s.device), self.max_len, rollout_s, shape=tuple(rewards.shape),
                              episodes=eps, turn_rewards=rewards, valid=valid)
 
     def rewards(self, s, sample: EpisodeSample, old) -> Returns:
         sample.view = Step(s.policy, sample.episodes, sample.batch, old.logp, sample.mask, s.device, sample.metrics,
-                           sample.parts, s.tokens_per_forward)
+                           sample.parts, s.tokens_per_forward, sample.rows)
         return Returns(sample.turn_rewards, sample.valid, self.rl.group_size,
                        total=torch.tensor([e.total_reward for e in sample.episodes]), values=old.values)
 

@@ -22,10 +22,10 @@ from protege.rl.objectives.base import Advantage
 from protege.rl.rollouts.base import Rollout
 from protege.rl.sample import EngineLogprobs, Sample
 from protege.rollout.group import build_group
-from protege.rollout.trajectory import from_completions
+from protege.rollout.trajectory import from_completions, length_parts
 from protege.runtime.distributed import world
-from protege.runtime.micro import micro_batches
 from protege.runtime.placement import to_device
+from protege.runtime.updaters import even_forwards
 from protege.runtime.run import next_rows
 
 
@@ -132,12 +132,11 @@ class Questions(Rollout):
         per_q = group.sequences.shape[0] // len(questions)
         traj = from_completions(group, processor.repeat_rows(prompts, images, per_q), processor, is_teacher,
                                 images=[im for im in images for _ in range(per_q)])
-        spans = micro_batches(traj.n, traj.width, s.tokens_per_forward)
+        parts, rows = length_parts(traj, s.tokens_per_forward, processor, even_forwards(s.updater))  # answers of like length together
         mask = traj.loss_mask.float()  # [B, L] student and teacher answer tokens
         engine = (engine_logprobs(student, is_teacher, mask, cfg.tis_cap)
                   if student.logprobs is not None and cfg.rollout_correction == "tis" else None)
-        return QuestionSample(traj, [traj.select(r, processor) if len(r) < traj.n else traj for r in spans],
-                              [slice(r.start, r.stop) for r in spans], mask, self.max_len, rollout_s, engine=engine,
+        return QuestionSample(traj, parts, rows, mask, self.max_len, rollout_s, engine=engine,
                               questions=questions, student=student, teacher_texts=teacher_texts, texts=texts,
                               per_question=per_q, is_teacher=is_teacher)
 
@@ -150,7 +149,7 @@ class Questions(Rollout):
         sample.answer = torch.tensor(answer)
         sample.view = QuestionStep(sample.questions, sample.student.texts, sample.teacher_texts,
                                    sample.is_teacher, sample.metrics, s.policy, s.device, s.tokens_per_forward,
-                                   batch=sample.batch, parts=sample.parts)
+                                   batch=sample.batch, parts=sample.parts, part_rows=sample.rows)
         return Returns.single_turn(sample.answer, sample.per_question)
 
     def spread(self, s, sample, adv: torch.Tensor) -> Advantage:
