@@ -242,7 +242,8 @@ class VLLMGenerator:
         # a seed per prompt (its n samples then differ from each other and from every other prompt's). vLLM's
         # CPU runner cannot rewind a seeded request's generator when chunked prefill splits its prompt ("CPU
         # Generator does not use offset"); there the engine's own seeded stream keeps runs reproducible
-        seeded = torch.cuda.is_available()
+        # (greedy decoding, e.g. the learning curve's, draws no seed: the sampled rollouts' seeds stay as they were)
+        seeded = torch.cuda.is_available() and sampling.do_sample
         params = [sampling_params(sampling, num_return_sequences, self.rng.randrange(2**31) if seeded else None,
                                   processor.vision_token_ids, self.logprobs, processor.stop_token_ids)
                   for _ in prompts]

@@ -33,7 +33,8 @@ class RLInputs:
     discriminator: torch.nn.Module | None = None
     judge: Callable[[list[str], list[str], list[str]], list[float]] | None = None  # None: the rule-based judge
     # the learning curve: called as evaluator(step, policy) at step 0, every rl.eval_every steps and at the last
-    # step (rank 0 only); it must not sample: greedy decoding leaves the run's random generators untouched
+    # step, on every rank (each answers its share); `policy` is the generation engine where one samples (awake,
+    # with the step's weights). It must not sample: greedy decoding leaves the run's random generators untouched
     evaluator: Callable[[int, torch.nn.Module], None] | None = None
     max_prompt_tokens: int | None = None  # the longest a question's prompt may be (sizes a vLLM engine's context)
 

@@ -168,7 +168,7 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     judge = None
     if c.judge == "llm":
         judge = LLMJudge(build_teacher(c.judge_model, root, 0.0, cfg.seed), out / "judge_verdicts.jsonl")
-    # every rank holds the curve: under ZeRO-3 its evaluation gathers the weights, a collective (rank 0 evaluates)
+    # every rank holds the curve and answers its share of the rows (under ZeRO-3 the gather is a collective)
     curve = learning_curve(cfg, root, run, processor, curve_rel, resumed, stage)
     rows = load_rows(root / CURATED_RL)
     processor.check_images(rows, str(CURATED_RL))

@@ -164,3 +164,24 @@ def test_an_engine_samples_without_gathering_the_policy(tiny_student, tiny_proce
            RLInputs(rows, judge=judge, max_prompt_tokens=120),
            RLConfig(**{**BASE, "steps": 2}, algorithm="dr_grpo"), tmp_path / "t", seed=0)
     assert inside and all(d >= 1 for d in inside)  # the policy samples with its weights whole
+
+
+def test_the_learning_curve_is_answered_by_the_awake_engine(tiny_student, tiny_processor, tiny_world, tmp_path,
+                                                            engines):
+    """Where an engine samples, the curve's greedy answers come from it, holding the step's weights (synced
+    after the update), not from transformers' generate on the policy; and greedy calls draw no seed."""
+    rows = load_rows(tiny_world / "rl.parquet")[:4]
+    policy, seen = copy.deepcopy(tiny_student), []
+
+    def evaluator(step, model):
+        greedy = Sampling(do_sample=False, max_new_tokens=4)
+        args = ([r.question for r in rows[:2]], [r.image for r in rows[:2]], greedy, 2)
+        seen.append((step, model, generate_answers(model, tiny_processor, *args)[0],
+                     generate_answers(policy, tiny_processor, *args)[0]))
+
+    run_rl(policy, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows, evaluator=evaluator, max_prompt_tokens=120),
+           RLConfig(**{**BASE, "steps": 2}, algorithm="dr_grpo", generation="vllm", eval_every=1), tmp_path, seed=0)
+    [engine] = engines
+    assert [step for step, *_ in seen] == [0, 1, 2]
+    assert all(model is engine for _, model, *_ in seen)
+    assert all(by_engine == by_policy for *_, by_engine, by_policy in seen)  # the same weights answer

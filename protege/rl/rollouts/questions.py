@@ -164,6 +164,9 @@ class Questions(Rollout):
         return self.inputs.evaluator is not None and eval_due(step, self.cfg)
 
     def curve_point(self, s, step: int) -> dict[str, float]:
+        if self.engine is not s.policy:  # awake with this step's weights (after_update synced them): it answers
+            self.inputs.evaluator(step, self.engine)
+            return {}
         with s.updater.gathered():  # whole weights under ZeRO-3 (collective); each rank answers its share
             self.inputs.evaluator(step, s.policy)
         return {}
