@@ -363,18 +363,19 @@ HOST_BASELINE_GPU = 4 * GiB
 
 @dataclass
 class HostPlan:
-    """Host memory per rank and per node, and the node's local disk, at the training stages' worst moments."""
-    rank: dict[str, int]       # component -> bytes one rank's process holds at its host peak
+    """Host memory per rank and per node, and the node's local disk, at the training stages' worst moment."""
+    rank: dict[str, int]       # component -> bytes every rank's process holds
+    rank0: dict[str, int]      # component -> bytes rank 0 holds besides (the whole parts it alone writes)
     ranks_per_node: int
     disk: dict[str, int]       # component -> bytes on the node's local disk (ephemeral storage)
 
     @property
     def rank_peak(self) -> int:
-        return sum(self.rank.values())
+        return sum(self.rank.values()) + sum(self.rank0.values())
 
     @property
     def node_peak(self) -> int:
-        return self.rank_peak * self.ranks_per_node
+        return sum(self.rank.values()) * self.ranks_per_node + sum(self.rank0.values())
 
     def shm(self) -> int:
         """/dev/shm for NCCL's intra-node buffers and the data loaders: 2 GiB a rank, 16 GiB at least."""
@@ -382,40 +383,43 @@ class HostPlan:
 
 
 def host_plan(cfg: Config, shape: ModelShape, *, processes: int = 1, nodes: int = 1) -> HostPlan:
-    """What a GPU run holds in host memory and on local disk, per rank (rl, the stage with the most):
-    - load: the weights pass through host memory on their way to the device (policy, and the discriminator
-      for RIL), in the model's dtype;
-    - sleep: a vLLM engine asleep (level 1) keeps its copy of the weights in host memory;
-    - state: a save copies what trains (weights and AdamW state; the LoRA adapters only) to the host;
-    - disk: each rank writes the checkpoint its engine starts from."""
+    """What a GPU run of the rl stage (the one holding the most) keeps in host memory and on local disk:
+    - every rank: the runtime, the models that wait on the host between their turns (`rl.offload_idle` with
+      the torch backend: the reference and the discriminator), and its own partition of a state save (ZeRO);
+    - rank 0 besides: what it alone copies at a save, the trained weights and an unpartitioned optimizer state,
+      and a checkpoint's merged weights (built on the host one tensor at a time);
+    - local disk: the checkpoint each rank's vLLM engine starts from.
+    The weights are read from their files straight onto each GPU, and a vLLM engine asleep drops its weights
+    (they are synced again), so neither holds a copy on the host."""
     b = DTYPE_BYTES[cfg.model.dtype]
     r = cfg.rl
     ril = r.algorithm == "ril" or r.baseline == "ril"
     disc_params = shape.params - shape.head
     trained = _trainable(shape, r.trainable)
     optimizer = _optimizer(trained, b, r.backend, processes)
-    load = shape.params * b + (disc_params * b if ril else 0)
-    vllm = r.generation == "vllm"
-    rank = {"runtime": HOST_BASELINE_GPU, "load": load,
-            "sleep backup": shape.params * b if vllm and r.vllm_sleep else 0,
-            "state copy": trained * b + optimizer}
-    # the load happens before any engine sleeps or state is saved: the peak is the larger of the two moments
-    if rank["load"] < rank["sleep backup"] + rank["state copy"]:
-        rank["load"] = 0
-    else:
-        rank["sleep backup"] = rank["state copy"] = 0
+    offloaded = r.offload_idle and r.backend == "torch"
+    ref = shape.params * b if r.kl_beta > 0 and r.trainable != "lora" else 0
+    rank = {"runtime": HOST_BASELINE_GPU,
+            "models waiting on the host": (ref + (disc_params * b if ril else 0)) if offloaded else 0,
+            "state save (own partition)": optimizer if r.backend == "deepspeed" else 0}
+    rank0 = {"state save (whole parts)": trained * b + (0 if r.backend == "deepspeed" else optimizer),
+             "checkpoint (merged weights)": shape.params * b}
     per_node = -(-processes // nodes)
-    disk = {"engine start files": shape.params * b * per_node if vllm else 0}
-    return HostPlan({k: v for k, v in rank.items() if v}, per_node, {k: v for k, v in disk.items() if v})
+    disk = {"engine start files": shape.params * b * per_node if r.generation == "vllm" else 0}
+    return HostPlan({k: v for k, v in rank.items() if v}, {k: v for k, v in rank0.items() if v}, per_node,
+                    {k: v for k, v in disk.items() if v})
 
 
 def host_table(host: HostPlan) -> str:
-    lines = ["| host memory (GiB) | per rank | per node |", "|---|---:|---:|"]
+    lines = ["| host memory (GiB) | every rank | rank 0 adds | per node |", "|---|---:|---:|---:|"]
     for part, size in host.rank.items():
-        lines.append(f"| {part} | {size / GiB:.1f} | {size * host.ranks_per_node / GiB:.1f} |")
-    lines.append(f"| **peak** | **{host.rank_peak / GiB:.1f}** | **{host.node_peak / GiB:.1f}** |")
+        lines.append(f"| {part} | {size / GiB:.1f} | - | {size * host.ranks_per_node / GiB:.1f} |")
+    for part, size in host.rank0.items():
+        lines.append(f"| {part} | - | {size / GiB:.1f} | {size / GiB:.1f} |")
+    lines.append(f"| **peak** | **{sum(host.rank.values()) / GiB:.1f}** | **{sum(host.rank0.values()) / GiB:.1f}** "
+                 f"| **{host.node_peak / GiB:.1f}** |")
     for part, size in host.disk.items():
-        lines.append(f"| local disk: {part} | - | {size / GiB:.1f} |")
+        lines.append(f"| local disk: {part} | - | - | {size / GiB:.1f} |")
     return "\n".join(lines)
 
 
