@@ -544,6 +544,9 @@ class RLConfig(SamplingConfig):
     # lora: fresh adapters (model.lora) on the SFT weights; the KL reference is that model with adapters off
     trainable: Literal["attention+embeddings+head", "all", "attention", "lora"] = "attention+embeddings+head"
     save_every: int = Field(10, ge=1, le=10_000_000, **affects(OUTPUTS))
+    # a checkpoint folder (the whole merged weights the merge stage and evaluation read, ~15 GB at 7B) every
+    # this many saves and at the last; the training state (what trains, for resume) at every save
+    checkpoint_every: int = Field(1, ge=1, le=10_000_000, **affects(OUTPUTS))
     # RIL (algorithm: ril) and its ablations
     w_sim: float = Field(1.0, ge=0, le=1000)               # weight of the discriminator similarity reward
     w_answer: float = Field(1.0, ge=0, le=1000)            # weight of the judge's correctness reward
@@ -739,6 +742,9 @@ class AgentRLConfig(SamplingConfig):
     # lora: fresh adapters (model.lora); the merged teacher merges the adapted weights W + scale * B A
     trainable: Literal["attention+embeddings+head", "all", "attention", "lora"] = "all"
     save_every: int = Field(10, ge=1, le=10_000_000, **affects(OUTPUTS))
+    # a checkpoint folder (the whole merged weights the merge stage and evaluation read, ~15 GB at 7B) every
+    # this many saves and at the last; the training state (what trains, for resume) at every save
+    checkpoint_every: int = Field(1, ge=1, le=10_000_000, **affects(OUTPUTS))
     # held-out curve: every eval_every steps (and the last) the policy and GTR-Turbo's merged teacher play the first
     # eval_episodes held-out layouts greedily (eval_success, teacher_eval_success); 0: no curve
     eval_every: int = Field(0, ge=0, le=10_000_000, **affects(OUTPUTS))

@@ -145,13 +145,15 @@ def evaluate(s: Session, rollout: Rollout, step: int) -> dict[str, float]:
 
 
 def save(s: Session, step: int, cursor: dict) -> None:
-    """A checkpoint (rank 0 writes) and the training state (collective) every save_every steps and at the last."""
+    """The training state (collective) every save_every steps and at the last; a checkpoint (rank 0 writes)
+    every checkpoint_every of those saves and at the last."""
     if not due(step, s.cfg.save_every, s.cfg.steps):
         return
-    s.saved.append(checkpoint_dir(s.out_dir, step))
-    with s.updater.gathered():
-        if s.rank == 0:
-            save_student(s.policy, s.processor, s.saved[-1])
+    if due(step, s.cfg.save_every * s.cfg.checkpoint_every, s.cfg.steps):
+        s.saved.append(checkpoint_dir(s.out_dir, step))
+        with s.updater.gathered():
+            if s.rank == 0:
+                save_student(s.policy, s.processor, s.saved[-1])
     s.run.save(step, cursor)
 
 

@@ -57,6 +57,20 @@ def test_dr_grpo_updates_only_trainable_groups(tiny_student, tiny_processor, tin
     assert len(logs) == 3 and {"reward", "kl", "clip_fraction", "entropy", "tokens_per_s"} <= set(logs[0])
 
 
+def test_checkpoints_every_few_saves_states_at_each(tiny_student, tiny_processor, rows, tmp_path):
+    """checkpoint_every 2 with save_every 1 over 3 steps: whole checkpoints after steps 2 and 3 (the last), a
+    training state after each step."""
+    saved = run_rl(tiny_student, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows),
+                   RLConfig(**{**BASE, "save_every": 1}, checkpoint_every=2, algorithm="dr_grpo"), tmp_path / "out",
+                   seed=0, state_dir=tmp_path / "state", stop_after=1)
+    assert saved == [] and (tmp_path / "state" / "state.json").exists()  # step 1: a state, no checkpoint
+    saved = run_rl(tiny_student, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows),
+                   RLConfig(**{**BASE, "save_every": 1}, checkpoint_every=2, algorithm="dr_grpo"), tmp_path / "out",
+                   seed=0, state_dir=tmp_path / "state")
+    assert [p.name for p in saved] == ["step-00002", "step-00003"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith("step-")) == [p.name for p in saved]
+
+
 def test_ril_step_trains_policy_and_discriminator(tiny_student, tiny_processor, rows, tmp_path):
     disc = disc_from(tiny_student)
     head = disc.head.weight.clone()
