@@ -5,11 +5,6 @@ process's peak resident set size (ru_maxrss), and their ratio.
 
     .venv/bin/python benchmarks/cpu_plan.py --stage sft
     .venv/bin/python benchmarks/cpu_plan.py --stage rl [--hidden 1024] [--vocab 152064] [--threads 2]
-    .venv/bin/python benchmarks/cpu_plan.py --stage ril --preset 7b
-
-`--preset 7b`: Qwen2.5-VL-7B's text widths (hidden 3584, MLP 18944, 28 / 4 heads) truncated to 2 layers,
-bfloat16, LoRA r128 on the policy and a LoRA discriminator beside it, gradient checkpointing: the README
-recipe's settings at a CPU's batch (4 questions x (4 samples + 4 teacher answers), 32 new tokens).
 """
 from __future__ import annotations
 
@@ -26,11 +21,7 @@ import torch
 QUESTIONS, GROUP, NEW_TOKENS = 4, 4, 32
 
 
-PRESETS = {"mid": dict(hidden_size=1024, num_heads=8, num_kv_heads=2, intermediate_size=2816),
-           "7b": dict(hidden_size=3584, num_heads=28, num_kv_heads=4, intermediate_size=18944)}
-
-
-def student(preset: dict, vocab: int, out: Path):
+def student(hidden: int, vocab: int, out: Path):
     """The mid-size student, its processor, the world's rows, and a folder holding its config.json."""
     from protege.config import ModelConfig, WorldConfig
     from protege.data.rows import load_rows
@@ -46,7 +37,8 @@ def student(preset: dict, vocab: int, out: Path):
     items = [make_item(rng, 64) for _ in range(100)]
     texts = [i.question for i in items] + [i.answer for i in items] + all_templates() * 5
     processor = StudentProcessor.create(train_tokenizer(texts, 400), 64, 8, 2)
-    model_cfg = ModelConfig(num_layers=2, **preset)
+    model_cfg = ModelConfig(hidden_size=hidden, num_layers=2, num_heads=8, num_kv_heads=2,
+                            intermediate_size=hidden * 11 // 4)
     model = build_student(model_cfg, processor, seed=0)
     old = model.get_output_embeddings().weight.shape[0]
     model.resize_token_embeddings(vocab, mean_resizing=False)
@@ -68,16 +60,14 @@ def lengths_of(processor, rows, answer_tokens: int):
     return Lengths(prompt=int(prompts.max()), answer=max(int((whole - prompts).max()), answer_tokens))
 
 
-def run(stage: str, preset: str, hidden: int, vocab: int, threads: int) -> dict:
+def run(stage: str, hidden: int, vocab: int, threads: int) -> dict:
     from protege.config import Config
     from protege.plan import model_shape, plan_stages
 
     torch.set_num_threads(threads)
-    widths = dict(PRESETS[preset], **({"hidden_size": hidden, "intermediate_size": hidden * 11 // 4}
-                                     if preset == "mid" else {}))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        model, processor, train, rl_rows, folder = student(widths, vocab, out)
+        model, processor, train, rl_rows, folder = student(hidden, vocab, out)
         if stage == "sft":
             from protege.train.sft import train_sft
 
@@ -85,9 +75,7 @@ def run(stage: str, preset: str, hidden: int, vocab: int, threads: int) -> dict:
                 update={"steps": 1, "batch_size": 8, "warmup_steps": 0, "device": "cpu"})})
             train_sft(model, processor, train, cfg.sft, seed=0)
             lengths = lengths_of(processor, train, 0)
-        elif stage == "rl":
-            import copy
-
+        else:
             from protege.rl.loop import RLInputs, run_rl
 
             rl = Config().rl.model_copy(update={"algorithm": "dr_grpo", "steps": 1, "questions_per_step": QUESTIONS,
@@ -95,60 +83,27 @@ def run(stage: str, preset: str, hidden: int, vocab: int, threads: int) -> dict:
                                                 "trainable": "attention", "kl_beta": 0.04, "save_every": 100,
                                                 "eval_every": 0})
             cfg = Config().model_copy(update={"rl": rl})
+            import copy
+
             run_rl(model, copy.deepcopy(model), processor, RLInputs(rl_rows), cfg.rl, out / "rl", seed=0)
             lengths = lengths_of(processor, rl_rows, NEW_TOKENS)
-        else:
-            cfg, lengths = ril_step(model, processor, rl_rows, out)
         measured = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         shape = model_shape(cfg, out, folder)
-        [plan] = [p for p in plan_stages(cfg, shape, lengths=lengths, device_type="cpu") if p.stage == {"ril": "rl"}.get(stage, stage)]
-    return {"part": "cpu_plan", "stage": stage, "preset": preset, "hidden": widths["hidden_size"], "vocab": vocab,
-            "params": shape.params, "plan_parts_mib": {k: round(v / 2**20, 1) for k, v in plan.parts.items()},
-            "phase": plan.phase, "plan_peak_mib": round(plan.peak / 2**20, 1),
-            "measured_peak_mib": round(measured / 2**20, 1), "ratio": round(plan.peak / measured, 3)}
-
-
-def ril_step(model, processor, rows, out: Path):
-    """One RIL step as the README recipe sets it (bf16, LoRA policy and discriminator, recompute, no reference
-    copy), at a CPU's batch."""
-    from protege.config import Config
-    from protege.models.discriminator import Discriminator
-    from protege.models.lora import add_lora
-    from protege.models.precision import with_precision
-    from protege.rl.loop import RLInputs, run_rl
-    from protege.world.teachers import scripted_answer
-
-    lora = Config().model.lora
-    base = Config()
-    cfg = base.model_copy(update={
-        "model": base.model.model_copy(update={"dtype": "bfloat16", "gradient_checkpointing": True}),
-        "rl": base.rl.model_copy(update={"algorithm": "ril", "steps": 1, "questions_per_step": QUESTIONS,
-                                         "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "device": "cpu",
-                                         "trainable": "lora", "disc_trainable": "lora", "save_every": 100,
-                                         "eval_every": 0})})
-    disc = Discriminator(model.model.__class__(model.config))  # a fresh backbone of the same shape
-    disc.backbone.load_state_dict(model.model.state_dict())
-    disc = with_precision(disc, "bfloat16")
-    disc.enable_recompute()
-    disc.add_lora(lora.rank, lora.alpha, lora.dropout, lora.target_modules)
-    policy = with_precision(model, "bfloat16")
-    policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    policy = add_lora(policy, lora.rank, lora.alpha, lora.dropout, lora.target_modules)
-    answers = {r.id: [(style, scripted_answer(style, r.kind, r.answer, r.candidates, r.id, k, 0.0, 0))
-                      for k in range(2) for style in ("concise", "verbose")] for r in rows}
-    run_rl(policy, None, processor, RLInputs(rows, answers, disc), cfg.rl, out / "rl", seed=0)
-    return cfg, lengths_of(processor, rows, NEW_TOKENS)
+        [plan] = [p for p in plan_stages(cfg, shape, lengths=lengths, device_type="cpu") if p.stage == stage]
+    return {"part": "cpu_plan", "stage": stage, "hidden": hidden, "vocab": vocab, "params": shape.params,
+            "plan_parts_mib": {k: round(v / 2**20, 1) for k, v in plan.parts.items()}, "phase": plan.phase,
+            "plan_peak_mib": round(plan.peak / 2**20, 1), "measured_peak_mib": round(measured / 2**20, 1),
+            "ratio": round(plan.peak / measured, 3)}
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stage", choices=["sft", "rl", "ril"], required=True)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="mid")
+    ap.add_argument("--stage", choices=["sft", "rl"], required=True)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=152_064)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    result = run(args.stage, args.preset, args.hidden, args.vocab, args.threads)
+    result = run(args.stage, args.hidden, args.vocab, args.threads)
     print(json.dumps(result), flush=True)
     return result
 
