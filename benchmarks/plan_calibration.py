@@ -143,7 +143,7 @@ def plan_for(family: str, dtype: torch.dtype, phase: str, rows: int, tokens: int
 
     from protege.models.activations import LoraSpec, activation_profile, in_layer_name
     from protege.models.lora import lora_targets
-    from protege.plan import activation_bytes, backward_peak, logits_bytes
+    from protege.plan import activation_bytes, backward_peak, forward_peak
 
     config = config_for(family, 2)
     lora = None
@@ -156,10 +156,10 @@ def plan_for(family: str, dtype: torch.dtype, phase: str, rows: int, tokens: int
     recompute = phase.endswith("recompute")
     per_layer = 0 if phase == "reference" else (prof.layer_input if recompute else prof.per_layer)
     n = rows * tokens
-    total = activation_bytes(prof, n, recompute=recompute, grad=phase != "reference")
     if phase == "reference":
-        total += logits_bytes(config.vocab_size, n, grad=False)
-    elif phase == "discriminator":
+        return {"per_layer": per_layer, "total": forward_peak(prof, n, config.vocab_size)}
+    total = activation_bytes(prof, n, recompute=recompute)
+    if phase == "discriminator":
         total += n * prof.transient(recompute)  # one layer's backward (no LM head)
     else:
         total += backward_peak(prof, n, config.vocab_size, recompute)

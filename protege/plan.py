@@ -180,6 +180,13 @@ def logits_bytes(vocab: int, tokens: int, grad: bool = True) -> int:
     return (3 if grad else 2) * min(chunk, tokens) * 4 * vocab
 
 
+def forward_peak(profile: ActivationProfile, tokens: int, vocab: int) -> int:
+    """A no-grad forward's peak (the reference's and the old policy's log-probs): a layer's working set, or
+    later the LM head's chunk of float32 logits and their log-softmax, whichever is larger: the layer's is freed
+    before the head runs (benchmarks/plan_calibration.py)."""
+    return max(tokens * profile.inference(), logits_bytes(vocab, tokens, grad=False))
+
+
 def _micro_tokens(profile: ActivationProfile, cfg: Config, tokens: int | None, batch_tokens: int,
                   device_bytes: int | None) -> int:
     """Tokens in one forward: the section's micro_batch_tokens, or the derived budget (runtime.micro.budget_tokens)
@@ -314,11 +321,9 @@ def _device_plans(cfg: Config, shape: ModelShape, processes: int, device_bytes: 
                    "discriminator": disc_idle if resident else 0},
     }
     if ref and not resident:
-        phases["reference pass"] = {**base, "reference": ref,
-                                    "logits": logits_bytes(shape.vocab, rows * seq, grad=False),
-                                    "activations": _activations(shape, cfg, b, r.micro_batch_tokens, rows * seq,
-                                                                device_bytes, r.trainable, grad=False,
-                                                                device_type=device_type)}
+        profile = profile_for(shape, cfg, r.trainable, b, device_type)
+        phases["reference pass"] = {**base, "reference": ref, "logits": forward_peak(
+            profile, _micro_tokens(profile, cfg, r.micro_batch_tokens, rows * seq, device_bytes), shape.vocab)}
     if ril:
         disc_trains = "lora" if discriminator_trainable(r.disc_trainable, cfg.model) == "lora" else "all"
         phases["discriminator update"] = {**base, "discriminator": disc_update,
@@ -331,7 +336,8 @@ def _device_plans(cfg: Config, shape: ModelShape, processes: int, device_bytes: 
                                "rl.offload_idle: true", "discriminator": "set rl.disc_trainable: lora",
                   "kv_cache": "lower rl.questions_per_step or rl.max_new_tokens, or set rl.generation: vllm",
                   "vllm": "lower rl.vllm_memory, or set rl.vllm_sleep: true",
-                  "logits": "the reference's chunk of LM-head logits: lower rl.micro_batch_tokens"})
+                  "logits": "the reference pass's chunk of LM-head logits (or a layer's working set): lower "
+                            "rl.micro_batch_tokens"})
     out.append(StagePlan("rl", {k: v for k, v in phases[phase].items() if v}, phase, hints))
 
     # agent_rl / tool_rl: episodes of max_turns turns (observation + answer each), a reference when kl_beta > 0
