@@ -38,7 +38,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ADAM_DEEPSPEED = 12  # bytes per trainable parameter: fp32 master partition + two fp32 moments
 
 PARTS = ("weights", "gradients", "optimizer", "activations", "backward", "logits", "kv_cache", "reference",
-         "discriminator", "vllm", "runtime")
+         "discriminator", "vllm", "checkpoint", "runtime")
 # a CPU stage's process before any model: Python, torch, transformers, protege's stage imports, the allocator's
 # arenas (measured RSS 0.45-0.7 GiB; tests/stages/test_cpu_plan.py checks the whole prediction)
 RUNTIME_BASELINE_CPU = 700 << 20
@@ -324,6 +324,9 @@ def _device_plans(cfg: Config, shape: ModelShape, processes: int, device_bytes: 
         profile = profile_for(shape, cfg, r.trainable, b, device_type)
         phases["reference pass"] = {**base, "reference": ref, "logits": forward_peak(
             profile, _micro_tokens(profile, cfg, r.micro_batch_tokens, rows * seq, device_bytes), shape.vocab)}
+    if cpu and r.trainable == "lora":  # a checkpoint's merged weights, a copy of the model, beside it (host = device)
+        phases["checkpoint save"] = {**base, "checkpoint": shape.params * b, "reference": ref if resident else 0,
+                                     "discriminator": disc_idle if resident else 0}
     if ril:
         disc_trains = "lora" if discriminator_trainable(r.disc_trainable, cfg.model) == "lora" else "all"
         phases["discriminator update"] = {**base, "discriminator": disc_update,
@@ -336,6 +339,8 @@ def _device_plans(cfg: Config, shape: ModelShape, processes: int, device_bytes: 
                                "rl.offload_idle: true", "discriminator": "set rl.disc_trainable: lora",
                   "kv_cache": "lower rl.questions_per_step or rl.max_new_tokens, or set rl.generation: vllm",
                   "vllm": "lower rl.vllm_memory, or set rl.vllm_sleep: true",
+                  "checkpoint": "a LoRA checkpoint's merged weights are a copy of the model: fewer with "
+                                "rl.checkpoint_every",
                   "logits": "the reference pass's chunk of LM-head logits (or a layer's working set): lower "
                             "rl.micro_batch_tokens"})
     out.append(StagePlan("rl", {k: v for k, v in phases[phase].items() if v}, phase, hints))
