@@ -86,7 +86,7 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v):
-        b, h, t, d = q.shape
+        b, h, t, _ = q.shape
         out = q.new_empty(b, t, h, v.shape[-1]).transpose(1, 2)  # the kernels' output layout (tokens, heads)
         lse = q.new_empty(b, h, t, dtype=torch.float32)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -151,7 +151,7 @@ def _truncated(config, layers: int):
     return text
 
 
-def _saved_bytes(config, layers: int, dtype: torch.dtype, trains: frozenset[str], lora: LoraSpec | None,
+def _saved_bytes(config, layers: int, dtype: torch.dtype, trains: frozenset[str] | None, lora: LoraSpec | None,
                  tokens: int) -> tuple[int, int]:
     """(bytes the forward saves, bytes of the largest single saved tensor) for the text model at `layers`."""
     from transformers import AutoModel
@@ -168,7 +168,7 @@ def _saved_bytes(config, layers: int, dtype: torch.dtype, trains: frozenset[str]
                                                      target_modules=list(lora.modules), bias="none"))
         else:
             for name, p in model.named_parameters():
-                p.requires_grad_(in_layer_name(name) in trains)
+                p.requires_grad_(trains is None or in_layer_name(name) in trains)
         hidden = text.hidden_size
         # the first layer's input requires grad when anything before it trains; a middle layer's always does,
         # and the trace's per-layer figure is the second layer's
@@ -194,7 +194,7 @@ def _saved_bytes(config, layers: int, dtype: torch.dtype, trains: frozenset[str]
 
 
 @functools.lru_cache(maxsize=64)
-def _profile(cls, config_json: str, dtype: torch.dtype, trains: frozenset[str], lora: LoraSpec | None,
+def _profile(cls, config_json: str, dtype: torch.dtype, trains: frozenset[str] | None, lora: LoraSpec | None,
              device_type: str) -> ActivationProfile:
     config = _config(cls, config_json)
     with _traced_kernels(device_type):
@@ -218,25 +218,8 @@ def activation_profile(config, dtype: torch.dtype, *, trains: frozenset[str] | N
     """The traced activation profile of `config`'s text decoder. `trains`: the in-layer parameter names that
     train (None: all of them); `lora`: adapters instead (the base frozen)."""
     text = text_config(config)
-    if trains is None:
-        trains = frozenset(_all_in_layer_names(text))
-    return _profile(type(text), text.to_json_string(use_diff=False), dtype, frozenset(trains), lora,
-                    device_type)
-
-
-@functools.lru_cache(maxsize=16)
-def _in_layer_names_cached(cls, config_json: str) -> tuple[str, ...]:
-    from transformers import AutoModel
-
-    _register_attention()
-    text = _truncated(_config(cls, config_json), 1)
-    with torch.device("meta"):
-        model = AutoModel.from_config(text)
-    return tuple(sorted({n for n in (in_layer_name(k) for k, _ in model.named_parameters()) if n}))
-
-
-def _all_in_layer_names(text) -> tuple[str, ...]:
-    return _in_layer_names_cached(type(text), text.to_json_string(use_diff=False))
+    return _profile(type(text), text.to_json_string(use_diff=False), dtype,
+                    None if trains is None else frozenset(trains), lora, device_type)
 
 
 def lora_spec_of(model: torch.nn.Module) -> LoraSpec | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from protege.models.activations import ActivationProfile, model_profile
+from protege.models.activations import ActivationProfile, model_profile, text_config
 from protege.models.recompute import recomputes
 
 # what the derived budget lets one forward's activations take
@@ -27,7 +27,7 @@ FALLBACK_VALUES_PER_HIDDEN = 45
 
 def text_shape(config) -> tuple[int, int, int]:
     """(hidden size, layers, vocabulary) of a model config (the text model's, for a VLM)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     hidden = getattr(text, "hidden_size", None) or getattr(text, "d_model", None) or getattr(text, "n_embd", 0)
     layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", 0)
     vocab = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", 0)

@@ -172,9 +172,9 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
     curve = learning_curve(cfg, root, run, processor, curve_rel, resumed, stage)
     rows = load_rows(root / CURATED_RL)
     processor.check_images(rows, str(CURATED_RL))
+    disc_lora = cfg.model.lora if discriminator_trainable(c.disc_trainable, cfg.model) == "lora" else None
     disc = (load_discriminator(root / DISCRIMINATOR, trust_remote_code=cfg.model.trust_remote_code,
-                               dtype=cfg.model.dtype, recompute=cfg.model.gradient_checkpointing,
-                               lora=cfg.model.lora if discriminator_trainable(c.disc_trainable, cfg.model) == "lora" else None,
+                               dtype=cfg.model.dtype, recompute=cfg.model.gradient_checkpointing, lora=disc_lora,
                                device=idle)
             if ril else None)
     inputs = RLInputs(rows, teacher_answers(root) if ril else {}, disc, judge, evaluator=curve,

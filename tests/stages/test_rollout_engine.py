@@ -179,7 +179,8 @@ def test_the_learning_curve_is_answered_by_the_awake_engine(tiny_student, tiny_p
         seen.append((step, model, generate_answers(model, tiny_processor, *args)[0],
                      generate_answers(policy, tiny_processor, *args)[0]))
 
-    run_rl(policy, copy.deepcopy(tiny_student), tiny_processor, RLInputs(rows, evaluator=evaluator, max_prompt_tokens=120),
+    inputs = RLInputs(rows, evaluator=evaluator, max_prompt_tokens=120)
+    run_rl(policy, copy.deepcopy(tiny_student), tiny_processor, inputs,
            RLConfig(**{**BASE, "steps": 2}, algorithm="dr_grpo", generation="vllm", eval_every=1), tmp_path, seed=0)
     [engine] = engines
     assert [step for step, *_ in seen] == [0, 1, 2]

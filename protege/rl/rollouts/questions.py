@@ -132,7 +132,8 @@ class Questions(Rollout):
         per_q = group.sequences.shape[0] // len(questions)
         traj = from_completions(group, processor.repeat_rows(prompts, images, per_q), processor, is_teacher,
                                 images=[im for im in images for _ in range(per_q)])
-        parts, rows = length_parts(traj, s.tokens_per_forward, processor, even_forwards(s.updater))  # answers of like length together
+        # answers of like length together, each micro-batch cut to its longest
+        parts, rows = length_parts(traj, s.tokens_per_forward, processor, even_forwards(s.updater))
         mask = traj.loss_mask.float()  # [B, L] student and teacher answer tokens
         engine = (engine_logprobs(student, is_teacher, mask, cfg.tis_cap)
                   if student.logprobs is not None and cfg.rollout_correction == "tis" else None)
