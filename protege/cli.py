@@ -75,8 +75,16 @@ def data_import(input: Path = typer.Option(..., "--input", help="a LLaVA-style .
 
 @app.command()
 def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
-          params: Path = typer.Option(Path("params.yaml"), help="params file")) -> None:
-    """Run one pipeline stage in the current project folder (this is what dvc.yaml calls)."""
+          params: Path = typer.Option(Path("params.yaml"), help="params file"),
+          nodes: int | None = typer.Option(None, "--nodes", help="machines the stage spans (default: the "
+                                           "section's nodes, or PROTEGE_NODES)"),
+          node_rank: int | None = typer.Option(None, "--node-rank", help="this machine's place, 0..nodes-1 "
+                                               "(default: PROTEGE_NODE_RANK, else 0); node 0 writes the outputs"),
+          rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous, "
+                                                   "node 0's address (default: the section's rdzv_endpoint, or "
+                                                   "PROTEGE_RDZV_ENDPOINT)")) -> None:
+    """Run one pipeline stage in the current project folder (this is what dvc.yaml calls). A training stage
+    starts its own ranks: `processes` per machine, on `nodes` machines that each run this command."""
     from protege import tracking
     from protege.errors import UserFacingError
     from protege.stages import stage_module
@@ -87,7 +95,7 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
     except KeyError as exc:
         _fail(exc.args[0])
     root = Path.cwd()
-    ranks = _launch_ranks(cfg, name, params)
+    ranks = _launch_ranks(cfg, name, params, nodes, node_rank, rdzv_endpoint)
     if ranks is not None:  # this process started the stage's ranks and waited for them
         if ranks:
             _fail(f"{name}: stopped (a rank failed, above)", code=1)
@@ -113,6 +121,7 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
         provenance.set_current(stage_record(name, cfg, root))
         with tracking.stage_run(name, root) as run:
             run.log_metrics({"process_startup_s": _process_age_s()})  # imports etc. before the run opened
+            _note_restart(name, run)
             module.run(cfg, root, run)
     except (UserFacingError, FileNotFoundError, FloatingPointError) as exc:
         _fail(f"{name}: {_one_line(exc)}", code=1)
@@ -143,25 +152,46 @@ def _collective_timeout(cfg, name: str) -> float:
     return float(section.collective_timeout_s) if section is not None else 1800.0
 
 
-def _launch_ranks(cfg, name: str, params: Path) -> int | None:
-    """A training stage whose section asks for several processes starts them here and returns the exit code;
-    None when this process runs the stage itself (one process, or already a launched rank)."""
+def _launch_ranks(cfg, name: str, params: Path, nodes: int | None = None, node_rank: int | None = None,
+                  endpoint: str | None = None) -> int | None:
+    """A training stage whose section asks for several processes, several nodes or restarts starts its ranks
+    here under torch's elastic agent and returns the exit code; None when this process runs the stage itself
+    (one process without restarts, or already a launched rank)."""
     from protege.errors import UserFacingError
-    from protege.runtime.launch import launch, launched, resolve_processes
+    from protege.runtime.launch import launch, launched, resolve_nodes, resolve_processes
 
     key, section = _section(cfg, name)
-    if section is None or launched():
+    if section is None:
+        if (nodes or 1) > 1 or endpoint:
+            _fail(f"{name}: only training stages span several nodes; run it without --nodes/--rdzv-endpoint")
+        return None
+    if launched():
         return None
     try:
         n = resolve_processes(section.processes, section.backend, section.device, key)
+        where = resolve_nodes(section, key, nodes, node_rank, endpoint)
     except UserFacingError as exc:
         _fail(f"{name}: {exc}", code=1)
-    if n == 1:
+    if n == 1 and where.count == 1 and where.max_restarts == 0:
         return None
-    typer.echo(f"{name}: {n} processes ({'NCCL' if _on_cuda(cfg, name) else 'gloo'}); rank 0 records and writes",
-               err=True)
+    backend = "NCCL" if _on_cuda(cfg, name) else "gloo"
+    span = f" on each of {where.count} nodes (this is node {where.rank})" if where.count > 1 else ""
+    again = f", up to {where.max_restarts} restart(s)" if where.max_restarts else ""
+    typer.echo(f"{name}: {n} processes ({backend}){span}{again}; rank 0 records and writes", err=True)
     return launch([sys.executable, "-m", "protege", "stage", name, "--params", str(params)], n,
-                  _on_cuda(cfg, name), cfg.threads)
+                  _on_cuda(cfg, name), cfg.threads, where, run_id=f"protege-{name}")
+
+
+def _note_restart(name: str, run) -> None:
+    """A group the elastic agent restarted after a rank died: said, and kept with the stage's run."""
+    from protege.runtime.launch import restarts
+
+    count = restarts()
+    if count:
+        typer.echo(f"{name}: restart {count} after a rank failed; resuming from the last saved training state",
+                   err=True)
+        run.log_metrics({"elastic_restarts": float(count)})
+        run.set_tags({"elastic_restarts": str(count)})
 
 
 def stage_record(name: str, cfg, root: Path) -> dict:

@@ -207,6 +207,23 @@ def _collective_timeout_field():
     return Field(1800, ge=10, le=86_400, **affects(NOTHING))
 
 
+def _nodes_field():
+    """Machines the stage spans, each running `protege stage NAME` with its node rank (`--node-rank`); more
+    than one needs backend: deepspeed and a rendezvous endpoint."""
+    return Field(1, ge=1, le=4096, **affects(NOTHING))
+
+
+def _endpoint_field():
+    """HOST:PORT of the c10d rendezvous every node reaches (node 0 hosts it); null: one node."""
+    return Field(None, min_length=3, max_length=300, pattern=r"^\S+:\d{1,5}$", **affects(NOTHING))
+
+
+def _restarts_field():
+    """Times the elastic agent restarts the stage's ranks after one dies; each resumes from its last saved
+    training state, so a dead rank costs at most save_every steps."""
+    return Field(0, ge=0, le=1000, **affects(NOTHING))
+
+
 Processes = Literal["auto"] | Annotated[int, Field(ge=1, le=4096)]
 
 
@@ -470,6 +487,9 @@ class SFTConfig(Section):
     micro_batch_tokens: int | None = _micro_batch_field()
     processes: Processes = _processes_field()
     collective_timeout_s: int = _collective_timeout_field()
+    nodes: int = _nodes_field()
+    rdzv_endpoint: str | None = _endpoint_field()
+    max_restarts: int = _restarts_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"    # auto: cuda when available
     # steps between training states (exact resume after a kill)
     save_every: int = Field(100, ge=1, le=10_000_000, **affects(OUTPUTS))
@@ -516,6 +536,9 @@ class DiscPretrainConfig(Section):
     micro_batch_tokens: int | None = _micro_batch_field()
     processes: Processes = _processes_field()
     collective_timeout_s: int = _collective_timeout_field()
+    nodes: int = _nodes_field()
+    rdzv_endpoint: str | None = _endpoint_field()
+    max_restarts: int = _restarts_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"
     save_every: int = Field(50, ge=1, le=10_000_000, **affects(OUTPUTS))
     # lora: adapters on the backbone (model.lora) + the head; the saved discriminator holds merged weights;
@@ -572,6 +595,9 @@ class RLConfig(SamplingConfig):
     micro_batch_tokens: int | None = _micro_batch_field()  # policy, reference and discriminator forwards
     processes: Processes = _processes_field()
     collective_timeout_s: int = _collective_timeout_field()
+    nodes: int = _nodes_field()
+    rdzv_endpoint: str | None = _endpoint_field()
+    max_restarts: int = _restarts_field()
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available
     offload_idle: bool = Field(True, **affects(NOTHING))  # reference model / discriminator on the device only while used
     # learning curve: greedy accuracy on the world's val split at step 0, every eval_every steps and at the end
@@ -758,6 +784,9 @@ class AgentRLConfig(SamplingConfig):
     micro_batch_tokens: int | None = _micro_batch_field()
     processes: Processes = _processes_field()
     collective_timeout_s: int = _collective_timeout_field()
+    nodes: int = _nodes_field()
+    rdzv_endpoint: str | None = _endpoint_field()
+    max_restarts: int = _restarts_field()
     gtr: GTRConfig = GTRConfig()
     gtpo: GTPOConfig = GTPOConfig()
     ppo: PPOConfig = PPOConfig()
@@ -777,13 +806,6 @@ class AgentRLConfig(SamplingConfig):
             raise ValueError(f"ppo.value_warmup_steps ({self.ppo.value_warmup_steps}) must be below steps "
                              f"({self.steps}): the warm-up steps train the value head alone, so the policy would "
                              "never be updated")
-        return self
-
-    @model_validator(mode="after")
-    def _ppo_on_torch(self):
-        if self.algorithm == "ppo" and self.backend != "torch":
-            raise ValueError("algorithm ppo trains its value head beside the policy with the torch updater; "
-                             "set backend: torch (DeepSpeed runs grpo, dr_grpo and gtpo)")
         return self
 
     @field_validator("generation")

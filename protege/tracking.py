@@ -135,6 +135,9 @@ class StageRun:
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.mlflow.set_tags(tags)
+
     def log_input(self, path: str | Path, context: str) -> None:
         """Logs a dataset or checkpoint this stage reads, with DVC's hash as its digest."""
         from mlflow.data.dataset_source_registry import resolve_dataset_source

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 from PIL import Image
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from protege.models.processor import StudentProcessor
 
@@ -70,8 +70,12 @@ class CodeBlockStop(StoppingCriteria):
 
 @torch.no_grad()
 def sample(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], sampling: Sampling,
-           num_return_sequences: int = 1) -> Completions:
-    """Generates for an encoded prompt batch; each prompt repeated `num_return_sequences` times in a row."""
+           num_return_sequences: int = 1, row_seeds: list[int] | None = None,
+           images: list | None = None) -> Completions:
+    """Generates for an encoded prompt batch; each prompt repeated `num_return_sequences` times in a row.
+    `row_seeds` (one per prompt): each answer draws from its prompt's own stream (row_seeds.py), so it does not
+    depend on the batch; without them, transformers' global generator draws for the batch. `images[i]` are
+    prompt i's pictures, needed with `row_seeds` to repeat a prompt's vision inputs for its answers."""
     was_training = model.training
     model.eval()
     prompt_len = batch["input_ids"].shape[1]
@@ -81,7 +85,20 @@ def sample(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], s
         extra["stopping_criteria"] = StoppingCriteriaList([CodeBlockStop(tok, prompt_len)])
     pad = processor.pad_token_id
     inputs = {k: v for k, v in batch.items() if k != "answer_mask"}
-    out = model.generate(**inputs, **sampling.generate_kwargs(), num_return_sequences=num_return_sequences,
+    kwargs = sampling.generate_kwargs()
+    if sampling.do_sample and row_seeds is not None:
+        from protege.generation.row_seeds import RowSeededSampler
+
+        if len(row_seeds) != batch["input_ids"].shape[0]:
+            raise ValueError(f"{len(row_seeds)} row seeds for {batch['input_ids'].shape[0]} prompts")
+        kwargs = {"max_new_tokens": sampling.max_new_tokens, "do_sample": False,
+                  "repetition_penalty": sampling.repetition_penalty,
+                  "logits_processor": LogitsProcessorList([RowSeededSampler(
+                      row_seeds, num_return_sequences, sampling.temperature, sampling.top_k, sampling.top_p)])}
+        if num_return_sequences > 1:  # greedy decoding takes one sequence per row: the rows are repeated here
+            inputs = processor.repeat_rows(inputs, images or [None] * len(row_seeds), num_return_sequences)
+            num_return_sequences = 1
+    out = model.generate(**inputs, **kwargs, num_return_sequences=num_return_sequences,
                          pad_token_id=pad, eos_token_id=processor.stop_token_ids,
                          # an image placeholder in an answer would break re-scoring the sequence
                          suppress_tokens=processor.vision_token_ids, **extra)
@@ -96,18 +113,20 @@ def sample(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], s
 
 
 def complete(model, processor: StudentProcessor, batch: dict[str, torch.Tensor], images: list, sampling: Sampling,
-             num_return_sequences: int = 1, questions: list[str] | None = None) -> Completions:
+             num_return_sequences: int = 1, questions: list[str] | None = None,
+             row_seeds: list[int] | None = None) -> Completions:
     """`sample` with a transformers model, or with a generation engine standing in for it (e.g.
     vllm_backend.VLLMGenerator), which also needs each prompt's images as pictures and its `questions` (the batch
     was encoded from `processor.encode_prompts(questions, images)`): the engine runs the model's own image
     processor and placeholder expansion on the unexpanded prompt. Every caller that may be handed either goes
-    through here."""
+    through here. `row_seeds`: one per prompt, see `sample` (an engine seeds each prompt's request with it)."""
     if isinstance(model, torch.nn.Module):
-        return sample(model, processor, batch, sampling, num_return_sequences)
+        return sample(model, processor, batch, sampling, num_return_sequences, row_seeds, images)
+    seeds = {} if row_seeds is None else {"row_seeds": row_seeds}
     if questions is None:  # an engine that needs unexpanded prompts refuses images without them
-        return model.sample(processor, batch, images, sampling, num_return_sequences)
+        return model.sample(processor, batch, images, sampling, num_return_sequences, **seeds)
     return model.sample(processor, batch, images, sampling, num_return_sequences,
-                        prompt_ids=processor.engine_prompt_ids(questions, images))
+                        prompt_ids=processor.engine_prompt_ids(questions, images), **seeds)
 
 
 def generate_answers(model, processor: StudentProcessor, questions: list[str], images: list[Image.Image],

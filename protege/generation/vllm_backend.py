@@ -214,7 +214,8 @@ class VLLMGenerator:
             self.asleep = True
 
     def sample(self, processor, batch: dict[str, torch.Tensor], images: list | None, sampling: Sampling,
-               num_return_sequences: int = 1, prompt_ids: list[list[int]] | None = None) -> Completions:
+               num_return_sequences: int = 1, prompt_ids: list[list[int]] | None = None,
+               row_seeds: list[int] | None = None) -> Completions:
         """Completions for an encoded, left-padded prompt batch. `images[i]` are prompt i's pictures (one, a
         list, or None) and `prompt_ids[i]` its ids with one placeholder per image, unexpanded
         (`processor.engine_prompt_ids`): vLLM runs the model's own image processor and placeholder expansion.
@@ -244,9 +245,12 @@ class VLLMGenerator:
         # Generator does not use offset"); there the engine's own seeded stream keeps runs reproducible
         # (greedy decoding, e.g. the learning curve's, draws no seed: the sampled rollouts' seeds stay as they were)
         seeded = torch.cuda.is_available() and sampling.do_sample
-        params = [sampling_params(sampling, num_return_sequences, self.rng.randrange(2**31) if seeded else None,
-                                  processor.vision_token_ids, self.logprobs, processor.stop_token_ids)
-                  for _ in prompts]
+        # `row_seeds` (one per prompt) key a prompt's request by the prompt, not by its place in this engine's
+        # stream, so a run's answers do not depend on how its prompts were split over ranks
+        seeds = ([s % 2**31 for s in row_seeds] if row_seeds is not None
+                 else [self.rng.randrange(2**31) for _ in prompts]) if seeded else [None] * len(prompts)
+        params = [sampling_params(sampling, num_return_sequences, seed, processor.vision_token_ids, self.logprobs,
+                                  processor.stop_token_ids) for seed in seeds]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         c, nonfinite = completions_from_outputs(outs, batch, processor, num_return_sequences, self.logprobs,
                                                 processor.image_token_id if any(per_prompt) else None)

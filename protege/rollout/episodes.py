@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import torch
 from PIL import Image
 
+from protege.generation.row_seeds import row_seed
 from protege.generation.transformers_backend import Sampling, complete
 from protege.models.processor import StudentProcessor
 from protege.rollout.trajectory import Trajectory
@@ -135,12 +136,15 @@ CONTEXTS = ("full", "current")
 
 def play(policy, processor: StudentProcessor, envs: Sequence[Env], seeds: Sequence[int], sampling: Sampling,
          max_tokens: int = 1024, device: torch.device | None = None,
-         on_turn: Callable[[int, int], None] | None = None, context: str = "full") -> list[Episode]:
+         on_turn: Callable[[int, int], None] | None = None, context: str = "full",
+         row_keys: Sequence[int] | None = None) -> list[Episode]:
     """Plays one episode per (env, seed), all at once: each round, every running episode gets one policy
     turn (one batched generation), then its environment's answer. `context`: `full` (the whole conversation
     so far) or `current` (only the current observation). `max_tokens` bounds an episode's length (the
     model's context): an episode that would pass it ends, marked `truncated`.
-    `policy` may be a transformers model or a generation engine (see generation.complete)."""
+    `policy` may be a transformers model or a generation engine (see generation.complete). `row_keys` (one per
+    episode): each turn draws from the episode's own stream (generation/row_seeds.py), whatever else is played
+    beside it."""
     if context not in CONTEXTS:
         raise ValueError(f"unknown episode context {context!r}; expected one of {CONTEXTS}")
     eps = [start_episode(processor, env.reset(seed)) for env, seed in zip(envs, seeds)]
@@ -154,7 +158,8 @@ def play(policy, processor: StudentProcessor, envs: Sequence[Env], seeds: Sequen
         batch = prompt_batch(processor, [(s.ids, s.images) for s in seqs])
         if device is not None:
             batch = {k: v.to(device) for k, v in batch.items()}
-        out = complete(policy, processor, batch, [s.images for s in seqs], sampling)
+        turn_seeds = None if row_keys is None else [row_seed(row_keys[i], rnd) for i in running]
+        out = complete(policy, processor, batch, [s.images for s in seqs], sampling, row_seeds=turn_seeds)
         for k, i in enumerate(running):
             ep, seq = eps[i], seqs[k]
             ids = out.sequences[k, out.prompt_len:][out.completion_mask[k].bool()].tolist()

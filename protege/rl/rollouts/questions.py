@@ -15,6 +15,7 @@ import torch
 from protege.data.rows import Row
 from protege.errors import UserFacingError
 from protege.generation.transformers_backend import Completions, Sampling, complete
+from protege.generation.row_seeds import row_seed
 from protege.rewards.judge import rule_judge
 from protege.rl.estimators import Returns
 from protege.rl.guidance.base import QuestionStep
@@ -115,6 +116,9 @@ class Questions(Rollout):
         # every rank draws for the whole step (same RNG use everywhere), then keeps its share of questions
         teacher_texts = [teacher_draw(self.inputs.teacher_answers.get(r.id, []), cfg, G, s.rng) if self.ril else []
                          for r in questions]
+        # each answer's draws are keyed by its question's place in the whole step, so the answers, and with
+        # them the run, are the same on any number of ranks
+        seeds = [row_seed(s.seed, step, k) for k in range(len(questions))][s.rank::s.world_size]
         questions, teacher_texts = questions[s.rank::s.world_size], teacher_texts[s.rank::s.world_size]
         images = [r.image for r in questions]
         prompts = to_device(processor.encode_prompts([r.question for r in questions], images), s.device)
@@ -122,7 +126,7 @@ class Questions(Rollout):
         # the policy samples with its weights whole (a ZeRO-3 gather); an engine holds its own copy of them
         with s.updater.gathered() if self.engine is s.policy else contextlib.nullcontext():
             student = complete(self.engine, processor, prompts, images, self.sampling, G,
-                               questions=[r.question for r in questions])
+                               questions=[r.question for r in questions], row_seeds=seeds)
         rollout_s = time.perf_counter() - t0
         if callable(getattr(self.engine, "sleep", None)):
             self.engine.sleep()  # a vLLM engine's memory goes to the update; taken back before the next rollout
