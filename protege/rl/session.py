@@ -74,12 +74,14 @@ def open_session(policy, ref, processor, cfg, section: str, *, seed: int, out_di
     objective = make_objective(cfg, policy, device, **(objective_context or {}))
     terms = guidance(policy, device, rng)
     # constant by default (RIL's static rate); the schedule counts RL steps: the epochs of one step share a rate
+    beside = objective.modules()  # PPO's value head: in the DeepSpeed engine with the policy
     updater = make_updater(cfg.backend, policy, params + objective.parameters(), cfg.lr, cfg.zero_stage, device,
                            key=f"{section}.backend", clip=objective.max_grad_norm,
-                           lr_lambda=lr_lambda_for(cfg, objective.epochs))
-    # what exact resume brings back, by name (the file names of a state folder)
-    parts = {"policy": Weights(updater), "optimizer": OptimizerState(updater), "rng": TorchRNG(device),
-             **objective.parts}
+                           lr_lambda=lr_lambda_for(cfg, objective.epochs), beside=beside)
+    # what exact resume brings back, by name (the file names of a state folder), loaded in this order: every
+    # weight before the optimizer, whose saved fp32 masters DeepSpeed's refresh from the weights must not undo
+    parts = {"policy": Weights(updater), **{name: Weights(updater.weights_of(m)) for name, m in beside.items()},
+             "optimizer": OptimizerState(updater), "rng": TorchRNG(device)}
     for term in terms:
         parts.update(term.parts)
     run = Run(state_dir, parts, rng, fingerprint, cfg.steps, rank=rank, world_size=world_size, barrier=barrier,

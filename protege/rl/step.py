@@ -185,10 +185,13 @@ def log(s: Session, step: int, figures: dict[str, float]) -> None:
 
 
 def finish(s: Session, rollout: Rollout, finished: bool) -> None:
-    """Every rank's weights equal rank 0's; a finished run's guidance terms write what they keep."""
+    """Every rank's weights (and the objective's modules', PPO's value head) equal rank 0's; a finished run's
+    guidance terms write what they keep."""
     rollout.close(s)
     with s.updater.gathered():
         check_ranks_agree(s.policy, s.section)
+        for name, module in s.objective.modules().items():
+            check_ranks_agree(module, f"{s.section} {name}")
     if finished and s.rank == 0:
         for term in s.guidance:
             term.finish(s.out_dir, s.processor)

@@ -79,9 +79,44 @@ def rows_per_rank(local_rows: int) -> float:
     """The global batch's rows (summed over ranks, collective) divided by the number of ranks: the denominator
     that makes a rank's summed loss its share of the global mean when the updater averages the ranks'
     gradients, however unevenly the rows split. One process: `local_rows`."""
+    return per_rank(local_rows)
+
+
+def per_rank(local_count: float) -> float:
+    """rows_per_rank for any count a loss is averaged over (turns, tokens): the sum over the ranks of
+    `local_count` (collective) divided by the number of ranks. One process: `local_count`."""
     if not _grouped():
-        return float(local_rows)
-    return float(all_reduce_sum(torch.tensor(float(local_rows)))) / world()[1]
+        return float(local_count)
+    return float(all_reduce_sum(torch.tensor(float(local_count), dtype=torch.float64))) / world()[1]
+
+
+def sum_over_ranks(values: list[float]) -> list[float]:
+    """Each figure summed over the ranks (collective, in float64). One process: the figures as they are."""
+    if not _grouped():
+        return [float(v) for v in values]
+    return all_reduce_sum(torch.tensor(values, dtype=torch.float64)).tolist()
+
+
+def mean_std_over_ranks(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and the (unbiased) standard deviation of every rank's `values` together (1-D; collective, two
+    all-reduces: the count and sum, then the squared deviations from the global mean). One process:
+    `values.mean()` and `values.std()` themselves."""
+    if not _grouped():
+        return values.mean(), values.std()
+    x = values.detach().double()
+    n, total = all_reduce_sum(torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64), x.sum()]))
+    mean = total / n
+    square = all_reduce_sum(((x - mean) ** 2).sum())
+    return mean.to(values.dtype), (square / (n - 1)).sqrt().to(values.dtype)
+
+
+def gather_objects(value) -> list:
+    """Every rank's `value` (picklable), in rank order (collective). One process: [value]."""
+    if not _grouped():
+        return [value]
+    every = [None] * world()[1]
+    torch.distributed.all_gather_object(every, value)
+    return every
 
 
 def global_mean_share(local_mean: torch.Tensor, local_count: int, global_count: int, world_size: int) -> torch.Tensor:

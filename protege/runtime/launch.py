@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -153,6 +154,7 @@ def launch(argv: list[str], processes: int, on_cuda: bool, threads: int = 0, nod
         print(f"stopped by signal {exc.sigval.name}: every rank ended (what is saved is kept for a resume)",
               file=sys.stderr)
         return 128 + int(exc.sigval)
+    shutil.rmtree(logs, ignore_errors=True)  # kept only where a rank failed: the report points into it
     return 0
 
 

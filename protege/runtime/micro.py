@@ -132,8 +132,8 @@ def split_to(groups: list[list[int]], lengths: list[int], count: int) -> list[li
 
 
 def rank_length_groups(lengths: list[int], tokens: int, agree: bool) -> list[list[int]]:
-    """length_groups, and with `agree` (ZeRO-3 over several ranks: every forward gathers the weights, a
-    collective) as many groups on every rank: the ranks with fewer split their largest ones. Collective when
+    """length_groups, and with `agree` (DeepSpeed over several ranks: a ZeRO-3 forward gathers the weights and
+    a ZeRO-2 backward reduces the gradients, both collectives) as many groups on every rank: the ranks with fewer split their largest ones. Collective when
     `agree`; a rank with fewer rows than the others' forwards is refused on every rank alike."""
     groups = length_groups(lengths, tokens)
     if not agree:
@@ -143,6 +143,6 @@ def rank_length_groups(lengths: list[int], tokens: int, agree: bool) -> list[lis
 
     most, least_rows = (int(v) for v in all_reduce_max(torch.tensor([len(groups), -len(lengths)])))
     if -least_rows < most:
-        raise UserFacingError(f"ZeRO-3 runs as many forwards on every rank: one rank has {-least_rows} rows for "
-                              f"{most} forwards; raise micro_batch_tokens or the rows per step, or use zero_stage 2")
+        raise UserFacingError(f"DeepSpeed runs as many forwards on every rank: one rank has {-least_rows} rows "
+                              f"for {most} forwards; raise micro_batch_tokens or the rows per step")
     return split_to(groups, lengths, most)

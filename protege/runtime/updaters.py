@@ -108,6 +108,11 @@ class TorchUpdater:
     def gathered(self, modifier_rank: int | None = None):
         return contextlib.nullcontext()
 
+    def weights_of(self, module: torch.nn.Module):
+        """A module trained beside the model, as state.Weights reads and loads it: itself (one process holds it
+        whole, and AdamW steps an fp32 parameter in place)."""
+        return module
+
     def optimizer_view(self):
         """The optimizer, for saving and loading its state (see DeepSpeedUpdater.optimizer_view)."""
         return contextlib.nullcontext(self.optimizer)
@@ -135,6 +140,42 @@ class TorchUpdater:
             m.copy_(p)
 
 
+class _Beside(torch.nn.Module):
+    """The model and the modules trained beside it (PPO's value head), as the one module a DeepSpeed engine
+    holds: ZeRO then partitions, reduces and clips all of them together. Never called itself: the loops call
+    the model and the modules directly, as they do without it."""
+
+    def __init__(self, model: torch.nn.Module, beside: dict[str, torch.nn.Module]):
+        super().__init__()
+        self.model = model
+        self.beside = torch.nn.ModuleDict(beside)
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+
+class BesideWeights:
+    """One module trained beside the model in a DeepSpeed engine, as a weights source for state.Weights: read
+    whole (gathered under ZeRO-3) and loaded so that the engine's fp32 partitions follow the loaded weights."""
+
+    def __init__(self, updater: "DeepSpeedUpdater", module: torch.nn.Module):
+        self.updater, self.model, self.zero_stage = updater, module, updater.zero_stage
+
+    def full_state_dict(self, skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+        with self.updater.gathered():  # collective under ZeRO-3: every rank calls this
+            return {k: v.detach().cpu().clone().contiguous() for k, v in self.model.state_dict().items()
+                    if k not in skip}
+
+    def load_weights(self, state: dict[str, torch.Tensor], keep: set[str] = frozenset()) -> None:
+        from protege.runtime.state import check_loaded
+
+        with self.updater.gathered(modifier_rank=0), torch.no_grad():
+            check_loaded(self.model.load_state_dict(state, strict=False), keep)
+        # restore_state loads these weights before the optimizer part, which then brings back saved fp32
+        # masters of bf16 weights: this refresh is exact for fp32 weights and overwritten for bf16 ones
+        self.updater.engine.optimizer.refresh_fp32_params()
+
+
 def _free_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -146,13 +187,20 @@ class DeepSpeedUpdater:
 
     def __init__(self, model: torch.nn.Module, params: list[torch.nn.Parameter], lr: float, zero_stage: int,
                  clip: float = 1.0, device: torch.device | None = None, weight_decay: float = 0.0,
-                 lr_lambda: Callable[[int], float] | None = None, key: str = "backend"):
+                 lr_lambda: Callable[[int], float] | None = None, key: str = "backend",
+                 beside: dict[str, torch.nn.Module] | None = None):
+        """`beside`: modules outside `model` whose parameters are among `params` (PPO's value head), by name.
+        They join the engine with the model (one module, see _Beside) rather than getting an optimizer of their
+        own whose gradients would be averaged by hand: one optimizer, one LR schedule and one gradient-norm clip
+        over the model and the head together, as TorchUpdater clips them (RL4VLM's max_grad_norm is over both),
+        ZeRO-2 and ZeRO-3 partition, reduce and save the head's moments like any weight's, and ZeRO-3 gathers
+        the head for its forward through the hooks it puts on every module of the engine."""
         dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
         if zero_stage == 3 and len(dtypes) > 1:  # ZeRO-3 flattens every trained partition into one buffer
             stage_key = key.rsplit(".", 1)[0] + ".zero_stage" if "." in key else "zero_stage"
             raise UserFacingError(f"{key} 'deepspeed' at ZeRO-3 trains parameters of one dtype, but these are "
-                                  f"{' and '.join(dtypes)} (on a bf16 backbone the discriminator's head stays "
-                                  f"float32); set {stage_key}: 2, or model.dtype: float32")
+                                  f"{' and '.join(dtypes)} (on a bf16 backbone the discriminator's head and PPO's "
+                                  f"value head stay float32); set {stage_key}: 2, or model.dtype: float32")
         accel = "cuda" if (device.type == "cuda" if device is not None else torch.cuda.is_available()) else "cpu"
         os.environ.setdefault("DS_ACCELERATOR", accel)
         try:
@@ -190,16 +238,40 @@ class DeepSpeedUpdater:
             by_dtype.setdefault(p.dtype, []).append(p)
         self.optimizer = torch.optim.AdamW([{"params": group} for group in by_dtype.values()], lr=lr,
                                            weight_decay=weight_decay)
-        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=config,
+        self.beside = dict(beside or {})
+        held = _Beside(model, self.beside) if self.beside else model
+        self.engine, _, _, _ = deepspeed.initialize(model=held, optimizer=self.optimizer, config=config,
                                                     model_parameters=params)
         self.scheduler = _schedule(self.optimizer, lr_lambda)  # stepped here, not by the engine
-        self.model = self.engine.module
+        self.model = self.engine.module.model if self.beside else self.engine.module
+        if self.beside and zero_stage == 3:
+            self._trace_from(model)
+
+    def _trace_from(self, model: torch.nn.Module) -> None:
+        """ZeRO-3 starts each pass of its parameter trace (what it records and prefetches) at a forward of the
+        engine's module, which _Beside never runs: the model's own forwards (every pass starts there, the
+        head reads its hidden states) start it instead, as they did with the model alone in the engine."""
+        coordinator = self.engine.optimizer.parameter_offload.get_param_coordinator
+
+        def start_of_forward(module, *args):
+            coordinator().reset_step()
+
+        model.register_forward_pre_hook(start_of_forward, prepend=True)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)  # the caller's loss is already the right share
 
     def step(self) -> float:
         self.engine.step()
+        if self.zero_stage == 3:
+            # ZeRO-3 keeps each parameter's reduced gradient partition from one step to the next and overwrites
+            # (or adds to) it only when a backward reaches the parameter: one that no backward of an update reached
+            # (the policy in the later epochs of PPO's value warm-up, after the SFT guidance's loss in the first)
+            # would be stepped again on an earlier update's gradient. Cleared, it is stepped on zero, as ZeRO-2
+            # steps it.
+            buffer = getattr(self.engine.optimizer, "grad_partitions_flat_buffer", None)
+            if buffer is not None:
+                buffer.zero_()
         if self.scheduler is not None:
             self.scheduler.step()
         norm = self.engine.get_global_grad_norm()
@@ -215,7 +287,8 @@ class DeepSpeedUpdater:
             return contextlib.nullcontext()
         import deepspeed
 
-        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=modifier_rank)
+        # the engine's whole module: the model and what trains beside it
+        return deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=modifier_rank)
 
     @contextlib.contextmanager
     def optimizer_view(self):
@@ -250,6 +323,10 @@ class DeepSpeedUpdater:
         # partitions (master_weights, state.OptimizerState)
         self.engine.optimizer.refresh_fp32_params()
 
+    def weights_of(self, module: torch.nn.Module):
+        """A module trained beside the model, as state.Weights reads and loads it (see BesideWeights)."""
+        return BesideWeights(self, module) if any(m is module for m in self.beside.values()) else module
+
     def master_weights(self) -> list[torch.Tensor]:
         """This rank's fp32 partitions that ZeRO steps in place of bf16 weights (none when the weights are
         fp32: the partitions are then exact copies of them)."""
@@ -276,8 +353,9 @@ def zero3_lora_warning(model, zero_stage: int, key: str) -> str | None:
 
 def make_updater(backend: str, model, params, lr: float, zero_stage: int, device: torch.device | None = None, *,
                  key: str = "rl.backend", weight_decay: float = 0.0, clip: float = 1.0,
-                 lr_lambda: Callable[[int], float] | None = None):
-    """`key` names the config setting (e.g. "sft.backend") in errors."""
+                 lr_lambda: Callable[[int], float] | None = None, beside: dict[str, torch.nn.Module] | None = None):
+    """`key` names the config setting (e.g. "sft.backend") in errors; `beside`: the modules outside `model` whose
+    parameters are among `params` (PPO's value head), trained with it by the same optimizer."""
     if backend == "torch":
         if world()[1] > 1:  # each process would train alone on its slice of every batch
             raise UserFacingError(f"{key} 'torch' trains in one process, but this one was launched as one of "
@@ -288,13 +366,16 @@ def make_updater(backend: str, model, params, lr: float, zero_stage: int, device
         if warning and world()[0] == 0:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         return DeepSpeedUpdater(model, params, lr, zero_stage, clip=clip, device=device, weight_decay=weight_decay,
-                                lr_lambda=lr_lambda, key=key)
+                                lr_lambda=lr_lambda, key=key, beside=beside)
     raise UserFacingError(f"{key} is {backend!r}; expected 'torch' or 'deepspeed'")
 
 
 def even_forwards(updater) -> bool:
-    """Whether every rank must run as many forwards: ZeRO-3 over several ranks gathers each layer's weights in
-    every forward (a collective), so a rank with one forward more waits for the others forever."""
+    """Whether every rank must run as many forwards (and backwards): ZeRO-3 over several ranks gathers each
+    layer's weights in every forward, and ZeRO-2 (as ZeRO-3) reduces the gradients of every backward when it
+    ends, whatever `managed_gradient_accumulation` (DeepSpeed's allreduce_gradients: stage >= 2 communicates
+    between boundaries too). Both are collectives, so a rank with one more waits for the others forever, or
+    pairs its reduce with another rank's other collective."""
     from protege.runtime.distributed import world
 
-    return getattr(updater, "zero_stage", 0) == 3 and world()[1] > 1
+    return getattr(updater, "zero_stage", 0) in (2, 3) and world()[1] > 1

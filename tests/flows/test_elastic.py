@@ -17,7 +17,7 @@ import yaml
 from safetensors.torch import load_file
 
 from protege import stage_host
-from tests.flows.test_pipeline import make_project, project_env
+from tests.flows.test_pipeline import make_project, mlflow_client, project_env
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
@@ -142,6 +142,10 @@ def test_a_killed_rank_restarts_the_question_loop_from_its_last_state(project):
     assert "rl: restart 1 after a rank failed; resuming from the last saved training state" in done.stdout
     after = final_weights(project / "models/rl", RL_STEPS)
     assert max_difference(after, two_ranks) == 0.0
+    client = mlflow_client(project)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`protege.stage` = 'rl' and tags.elastic_restarts = '1'")
+    assert len(runs) == 1 and runs[0].data.metrics["elastic_restarts"] == 1.0
 
 
 def test_a_killed_rank_restarts_the_multi_turn_loop_from_its_last_state(project):

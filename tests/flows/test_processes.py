@@ -19,7 +19,7 @@ def test_dvc_repro_runs_two_ranks_for_rl_and_agent_rl(tmp_path):
     proj = make_project(tmp_path)
     params = yaml.safe_load((proj / "params.yaml").read_text())
     params["rl"].update(backend="deepspeed", processes=2, baseline=None)
-    params["agent"]["rl"].update(backend="deepspeed", processes=2, algorithm="grpo")  # ppo runs in one process
+    params["agent"]["rl"].update(backend="deepspeed", processes=2)  # PPO with its value head, KL guidance
     (proj / "params.yaml").write_text(yaml.safe_dump(params))
     # a warm stage host (what the pipeline flow runs its stages under) spares each `protege stage` DVC starts
     # the imports of a fresh process; the stage itself runs as it would alone (protege/stage_host.py)

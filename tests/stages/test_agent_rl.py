@@ -130,7 +130,7 @@ class ScriptedEngine:
         self.ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"] + [processor.tokenizer.eos_token_id]
         self.eos = processor.tokenizer.eos_token_id
 
-    def sample(self, processor, batch, images, sampling, n=1):
+    def sample(self, processor, batch, images, sampling, n=1, row_seeds=None):
         B, P = batch["input_ids"].shape
         comp = torch.tensor([self.ids] * B)
         return Completions(torch.cat([batch["input_ids"], comp], 1), P, completion_mask(comp, self.eos),

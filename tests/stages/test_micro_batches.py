@@ -271,10 +271,10 @@ class EngineBeside:
     def __init__(self, policy, reported):
         self.policy, self.reported, self.calls = policy, reported, []
 
-    def sample(self, processor, batch, images, sampling, n=1, prompt_ids=None):
+    def sample(self, processor, batch, images, sampling, n=1, prompt_ids=None, row_seeds=None):
         from protege.generation.transformers_backend import sample
 
-        out = sample(self.policy, processor, batch, sampling, n)
+        out = sample(self.policy, processor, batch, sampling, n, row_seeds, images)
         out.logprobs = torch.full(out.completion_mask.shape, self.reported)
         return out
 
@@ -327,8 +327,8 @@ class NonFiniteEngine(EngineBeside):
     """An engine whose every other sampled token comes back with a NaN or -inf log-prob, sanitised as
     vllm_backend.completions_from_outputs does (0, marked not finite)."""
 
-    def sample(self, processor, batch, images, sampling, n=1, prompt_ids=None):
-        out = super().sample(processor, batch, images, sampling, n, prompt_ids)
+    def sample(self, processor, batch, images, sampling, n=1, prompt_ids=None, row_seeds=None):
+        out = super().sample(processor, batch, images, sampling, n, prompt_ids, row_seeds)
         finite = torch.ones(out.completion_mask.shape, dtype=torch.bool)
         finite[:, ::2] = False
         out.logprobs = torch.where(finite, out.logprobs, torch.zeros_like(out.logprobs))

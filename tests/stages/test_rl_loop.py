@@ -43,11 +43,11 @@ def test_dr_grpo_updates_only_trainable_groups(tiny_student, tiny_processor, tin
 
     # a little SFT first, so that some sampled answers are right and the group rewards differ
     train_sft(tiny_student, tiny_processor, load_rows(tiny_world / "train.parquet"),
-              SFTConfig(steps=30, batch_size=16, lr=3e-3, warmup_steps=0), seed=0)
+              SFTConfig(steps=80, batch_size=16, lr=3e-3, warmup_steps=0), seed=0)
     policy, ref = tiny_student, copy.deepcopy(tiny_student)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     logs = []
-    saved = run_rl(policy, ref, tiny_processor, RLInputs(rows), RLConfig(**{**BASE, "group_size": 4}, algorithm="dr_grpo"), tmp_path,
+    saved = run_rl(policy, ref, tiny_processor, RLInputs(rows), RLConfig(**{**BASE, "group_size": 8, "questions_per_step": 4}, algorithm="dr_grpo"), tmp_path,
                    seed=0, on_log=lambda s, m: logs.append(m))
     assert any(m["advantage_std"] > 0 for m in logs)
     assert [p.name for p in saved] == ["step-00002", "step-00003"]

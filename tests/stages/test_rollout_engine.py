@@ -24,10 +24,10 @@ class CopyEngine:
         self.engine_kw, self.syncs, self.images_seen, self.closed = engine_kw, 0, [], False
         self.prompt_ids = []
 
-    def sample(self, processor, batch, images, sampling, num_return_sequences=1, prompt_ids=None):
+    def sample(self, processor, batch, images, sampling, num_return_sequences=1, prompt_ids=None, row_seeds=None):
         self.images_seen += list(images)
         self.prompt_ids += prompt_ids or []
-        return sample(self.model, processor, batch, sampling, num_return_sequences)
+        return sample(self.model, processor, batch, sampling, num_return_sequences, row_seeds, images)
 
     def sync_weights(self, model):
         self.model.load_state_dict(model.state_dict())

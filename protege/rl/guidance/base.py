@@ -40,6 +40,10 @@ class Step:
     parts: list[Trajectory] = field(default_factory=list)  # `batch` as micro-batches on the device (Sample.parts)
     tokens: int | None = None    # micro_batch_tokens: the budget of any forward a term runs
     part_rows: list = field(default_factory=list)  # the rows of `batch` each part holds (Sample.rows)
+    # on several ranks: each of `episodes`' index in the whole step's batch (every rank's episodes in the order
+    # one process plays them); None: `episodes` is the whole batch
+    episode_index: list[int] | None = None
+    agree: bool = False          # every rank runs as many forwards (ZeRO-3 over several ranks gathers in each)
 
 
 @dataclass

@@ -6,7 +6,13 @@ the merge after every step, and the last teacher is saved beside the checkpoints
 
 Two rules of the code hold for a turn whose output does not split into a thought and an action: under `kl` it
 pays `kl_unparsed` (100 there) instead of a KL it does not have, and under either mode every turn's return gains
-the format reward (+3 well formed, -2 not, there), added after the advantages are estimated."""
+the format reward (+3 well formed, -2 not, there), added after the advantages are estimated.
+
+On several ranks the `sft` term is the one process's: the sft_contexts observations are drawn from the whole
+step's episodes (every rank draws the same, so the ranks' random generators stay as one), each rank's teacher
+answers the ones it played, and each rank's cross-entropy is divided by every rank's thought tokens over the
+ranks, so the averaged gradient is that of the token mean over the whole step (as the policy loss's shares,
+objectives/base.py). The step's figures are the whole step's too."""
 from __future__ import annotations
 
 import random
@@ -25,6 +31,7 @@ from protege.rl.guidance.base import Guidance, Step
 from protege.rl.losses import format_bonus, merged_kl_penalty, unparsed_kl
 from protege.rl.merged_teacher import MergedTeacher, trainable_weights
 from protege.rollout.trajectory import Trajectory, join_parts, length_parts, thought_sft_loss, token_logprobs
+from protege.runtime.distributed import all_reduce_max, gather_objects, per_rank, sum_over_ranks
 from protege.runtime.placement import CPU, visiting
 from protege.world.envs import action_start as grid_action_start
 from protege.world.envs import no_action
@@ -68,13 +75,29 @@ def thought_mask(traj: Trajectory, processor: StudentProcessor,
     return mask.to(traj.loss_mask.device)
 
 
+def picked_turns(eps: list[Episode], k: int, rng: random.Random,
+                 index: list[int] | None = None) -> list[tuple[int, int]]:
+    """k (episode, turn) of the whole step drawn by `rng`, and of those the ones in `eps`, in the order drawn.
+    `index`: each of `eps`' place in the whole step's batch (Step.episode_index; collective: every rank's
+    episodes join one list in the order one process plays them, so every rank draws the same, as one process
+    would); None: `eps` is the whole step."""
+    index = list(range(len(eps))) if index is None else index
+    every = sorted(x for mine in gather_objects([(g, e.turns) for g, e in zip(index, eps)]) for x in mine)
+    turns = [(g, j) for g, n in every for j in range(n)]
+    local = {g: i for i, g in enumerate(index)}
+    return [(local[g], j) for g, j in rng.sample(turns, min(k, len(turns))) if g in local]
+
+
 def merged_thoughts(teacher, processor: StudentProcessor, eps: list[Episode], k: int, sampling: Sampling,
                     rng: random.Random, device: torch.device,
-                    action_start: ActionStart = grid_action_start) -> ThoughtBatch | None:
+                    action_start: ActionStart = grid_action_start,
+                    picked: list[tuple[int, int]] | None = None) -> ThoughtBatch | None:
     """GTR-Turbo `sft`: the merged teacher writes its own output for k observations of this step's episodes
-    (the same contexts the policy answered); the tokens before its action are the targets."""
-    turns = [(i, j) for i, e in enumerate(eps) for j in range(e.turns)]
-    picked = rng.sample(turns, min(k, len(turns)))
+    (the same contexts the policy answered); the tokens before its action are the targets. `picked`: the
+    (episode, turn) to answer, already drawn (picked_turns); None: k drawn from `eps`."""
+    picked = picked_turns(eps, k, rng) if picked is None else picked
+    if not picked:
+        return None
     contexts = [eps[i].prefix(j) for i, j in picked]
     batch = {key: v.to(device) for key, v in prompt_batch(processor, contexts).items()}
     out = complete(teacher, processor, batch, [ims for _, ims in contexts], sampling)
@@ -140,12 +163,15 @@ class MergedTeacherGuidance(Guidance):
         penalty = merged_kl_penalty(logp, logp_m, thought_mask(batch, self.processor, self.action_start), batch.turn, batch.owner,
                                     E, T, self.gtr.kl_clamp).cpu()
         penalty = unparsed_kl(penalty, formed, self.gtr.kl_unparsed) * returns.valid  # [E, T]
-        turns = returns.valid.sum().clamp(min=1)
-        step.metrics["kl_merged"] = float(((logp - logp_m) * mask).sum() / mask.sum().clamp(min=1))
-        step.metrics["kl_penalty"] = float(penalty.sum() / turns)  # per turn
         # as GTR-Turbo's code, both guidance modes pay the format reward on the return, after estimation
         after = format_bonus(formed, returns.valid, self.gtr.format_reward, self.gtr.format_penalty)  # [E, T]
-        step.metrics["format_bonus"] = float(after.sum() / turns)
+        # the step's figures over every rank's tokens and turns (collective), as one process would log them
+        kl_sum, tokens, penalty_sum, bonus_sum, turns = sum_over_ranks(
+            [float(((logp - logp_m) * mask).sum()), float(mask.sum()), float(penalty.sum()), float(after.sum()),
+             float(returns.valid.sum())])
+        step.metrics["kl_merged"] = kl_sum / max(tokens, 1.0)
+        step.metrics["kl_penalty"] = penalty_sum / max(turns, 1.0)  # per turn
+        step.metrics["format_bonus"] = bonus_sum / max(turns, 1.0)
         if self.gtr.guidance == "kl":
             cost = self.gtr.kl_coef * penalty  # [E, T]
             if self.gtr.kl_target == "return":  # after estimation: this turn's advantage and value target only
@@ -156,20 +182,33 @@ class MergedTeacherGuidance(Guidance):
         return replace(returns, after=after if returns.after is None else returns.after + after)
 
     def loss(self, step: Step) -> Iterator[torch.Tensor]:
+        """Collective on several ranks (every rank calls it, whether or not it has contexts to answer)."""
         if self.gtr.guidance != "sft":
             return
+        picked = picked_turns(step.episodes, self.gtr.sft_contexts, self.rng, step.episode_index)
         with visiting(self.teacher, step.device, self.offload):
             thoughts = merged_thoughts(self.teacher, self.processor, step.episodes, self.gtr.sft_contexts,
-                                       self.sampling, self.rng, step.device, self.action_start)
-        if thoughts is None:
+                                       self.sampling, self.rng, step.device, self.action_start, picked=picked)
+        mine = thoughts is not None
+        # the token mean over every rank's thought tokens: each rank's share divides by their sum over the ranks
+        n_tok = per_rank(float(thoughts.batch.loss_mask.sum()) if mine else 0.0)
+        parsed, contexts = sum_over_ranks([thoughts.parsed if mine else 0, len(picked)])
+        if not parsed:  # on no rank: nothing to learn this step
             return
-        batch, sft = thoughts.batch, 0.0
-        n_tok = float(batch.loss_mask.sum())
-        for part in length_parts(batch, step.tokens or batch.n * batch.width, self.processor)[0]:
+        parts = length_parts(thoughts.batch, step.tokens or thoughts.batch.n * thoughts.batch.width,
+                             self.processor)[0] if mine else []
+        # ZeRO over several ranks: as many forwards and backwards on every rank (each is a collective there), a
+        # rank with fewer adds empty ones (agreed before the first share: the caller backpropagates it at once)
+        most = int(all_reduce_max(torch.tensor(len(parts)))) if step.agree else len(parts)
+        sft = 0.0
+        for part in parts:
             share = thought_sft_loss(token_logprobs(step.policy, part), part.loss_mask.float(), tokens=n_tok)
             sft += float(share.detach())
             yield self.gtr.sft_coef * share
-        step.metrics.update(sft_loss=sft, teacher_parse_rate=thoughts.parsed / thoughts.contexts)
+        for _ in range(most - len(parts)):
+            empty = step.parts[0].select([0], self.processor).trimmed(self.processor)
+            yield 0.0 * token_logprobs(step.policy, empty).sum()
+        step.metrics.update(sft_loss=sft, teacher_parse_rate=parsed / contexts)
 
     def after_epoch(self, policy: torch.nn.Module, metrics: dict[str, float]) -> None:
         if self.gtr.merge_every == "epoch":

@@ -60,12 +60,16 @@ class Objective:
     epochs: int = 1            # passes over the step's batch, one optimizer step each
     needs_old: bool = False    # score pi_old before the update even when no rollout or guidance term reads it
     max_grad_norm: float = 1.0
-    parts: dict = {}           # state parts for exact resume, by file name (PPO's value head)
     stats: tuple[str, ...] = ("kl", "clip_fraction")  # the micro-batch figures the step sums and logs
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """Trained beside the policy (PPO's value head), by name: by the same updater (in a DeepSpeed engine
+        with the policy), and each a state part of that name for exact resume."""
+        return {}
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """Trained beside the policy, by the same optimizer (after the policy's, in this order)."""
-        return []
+        return [p for m in self.modules().values() for p in m.parameters()]
 
     def score_old(self, policy, sample: Sample) -> Old:
         """pi_old's forward over the step's micro-batches (called under no_grad)."""

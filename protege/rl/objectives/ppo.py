@@ -1,7 +1,12 @@
 """PPO over turns (GTR-Turbo's base, as RL4VLM): a value head on the policy's last hidden state, trained beside
 it by the same optimizer towards GAE's targets; `ppo.epochs` passes per step at `ppo.clip_eps`, each micro-batch's
 loss the clipped surrogate + value_coef * the value loss. The head, its state part, pi_old's values, the targets
-and the value loss live here; the tensor functions in rl/ppo.py."""
+and the value loss live here; the tensor functions in rl/ppo.py.
+
+On several ranks (DeepSpeed) the head is in the engine with the policy (updaters.DeepSpeedUpdater's `beside`),
+so its gradients are averaged over the ranks like the policy's; each rank's value loss is divided by the whole
+batch's turns over the ranks (distributed.per_rank), so that average is the gradient one process takes of
+the whole batch's mean."""
 from __future__ import annotations
 
 import torch
@@ -10,7 +15,7 @@ from protege.rl.objectives.base import Old, UpdateBatch, part_of
 from protege.rl.objectives.clipped import ClippedSurrogate
 from protege.rl.ppo import ValueHead, gae, scored_with_values, turn_values, value_loss
 from protege.rollout.trajectory import score
-from protege.runtime.state import Weights
+from protege.runtime.distributed import per_rank
 
 
 class PPOWithValueHead(ClippedSurrogate):
@@ -23,11 +28,10 @@ class PPOWithValueHead(ClippedSurrogate):
         self.head = ValueHead(policy.config.get_text_config().hidden_size).to(device)
         self.ppo = cfg.ppo
         self.epochs, self.clip_eps, self.max_grad_norm = cfg.ppo.epochs, cfg.ppo.clip_eps, cfg.ppo.max_grad_norm
-        self.parts = {"value_head": Weights(self.head)}
         self.temperature = 1.0  # the ratio's
 
-    def parameters(self):
-        return list(self.head.parameters())
+    def modules(self):
+        return {"value_head": self.head}
 
     def score_old(self, policy, sample):
         scored = [scored_with_values(policy, self.head, part) for part in sample.parts]
@@ -39,7 +43,9 @@ class PPOWithValueHead(ClippedSurrogate):
         _, targets = gae(returns.turn, values, returns.valid, self.ppo.gamma, self.ppo.lam)  # [E, T] V's targets
         if returns.after is not None:  # a term on the returns after estimation moves the targets too
             targets = targets + returns.after * returns.valid
-        batch.prepared.update(targets=targets.to(self.device), turns=float(returns.valid.sum()),
+        # the whole batch's turns over the ranks (collective): the value loss's (and RL4VLM's per-output ratio
+        # term's) denominator, a rank's share of the mean over every rank's turns; one process: its turns
+        batch.prepared.update(targets=targets.to(self.device), turns=per_rank(float(returns.valid.sum())),
                               values_old=values.to(self.device), valid=returns.valid.to(self.device))
 
     def loss(self, policy, i, batch: UpdateBatch):

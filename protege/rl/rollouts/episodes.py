@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from protege.errors import UserFacingError
+from protege.generation.row_seeds import row_seed
 from protege.rl.estimators import Returns
 from protege.rl.gtpo import token_advantages
 from protege.rl.guidance.base import Step
@@ -60,6 +61,12 @@ def rollout_metrics(eps: list[Episode]) -> dict[str, float]:
     return m
 
 
+def whole_batch_index(episodes: int, group_size: int, rank: int, world_size: int) -> list[int]:
+    """Where each of this rank's episodes stands in the whole step's batch, as one process plays it (every
+    layout's group in the order the layouts were drawn): rank r plays layouts r, r + W, r + 2W, ... (`sample`)."""
+    return [((i // group_size) * world_size + rank) * group_size + i % group_size for i in range(episodes)]
+
+
 class Episodes(Rollout):
     label = "agent RL"
     reads_old = True  # GTR-Turbo's KL compares pi_old's thoughts with the merged teacher's; thought metrics
@@ -82,8 +89,12 @@ class Episodes(Rollout):
         seeds = [x for x in layouts[s.rank::s.world_size] for _ in range(self.rl.group_size)]
         t0 = time.perf_counter()
         with s.updater.gathered():  # ZeRO-3 partitions the weights: generation needs them whole
+            # each episode's draws are keyed by its place in the whole step, so the episodes, and with them the
+            # run, are the same on any number of ranks
+            keys = [row_seed(s.seed, step, k) for k in whole_batch_index(len(seeds), self.rl.group_size, s.rank,
+                                                                         s.world_size)]
             eps = play(s.policy, self.processor, [self.new_env() for _ in seeds], seeds, self.sampling,
-                       device=s.device, context=self.cfg.context)
+                       device=s.device, context=self.cfg.context, row_keys=keys)
         rollout_s = time.perf_counter() - t0
         batch = pack_episodes(self.processor, eps)  # N rows: episodes, or their turns (on the CPU)
         parts, rows = length_parts(batch, s.tokens_per_forward, self.processor,
@@ -95,7 +106,10 @@ class Episodes(Rollout):
 
     def rewards(self, s, sample: EpisodeSample, old) -> Returns:
         sample.view = Step(s.policy, sample.episodes, sample.batch, old.logp, sample.mask, s.device, sample.metrics,
-                           sample.parts, s.tokens_per_forward, sample.rows)
+                           sample.parts, s.tokens_per_forward, sample.rows,
+                           episode_index=whole_batch_index(len(sample.episodes), self.rl.group_size, s.rank,
+                                                           s.world_size),
+                           agree=even_forwards(s.updater))
         return Returns(sample.turn_rewards, sample.valid, self.rl.group_size,
                        total=torch.tensor([e.total_reward for e in sample.episodes]), values=old.values)
 
