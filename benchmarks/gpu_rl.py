@@ -155,8 +155,9 @@ def rl(args) -> dict:
         ref = None if args.trainable == "lora" else copy.deepcopy(student)
         if args.trainable == "lora":
             student = add_lora(student, rank=16, alpha=32, dropout=0.0, target_modules="auto")
-        # a judge that rewards some samples from the first step, so every update really changes the weights
-        judge = lambda qs, refs, texts: [float(len(t) % 2) for t in texts]  # noqa: E731
+        # a judge that rewards every other sample of each group (a group's samples come in a row), so every
+        # group's rewards differ and every update really changes the weights, whatever was sampled
+        judge = lambda qs, refs, texts: [float(i % 2) for i in range(len(texts))]  # noqa: E731
         cfg = RLConfig(algorithm="dr_grpo", steps=args.steps, questions_per_step=args.questions, group_size=args.group,
                        max_new_tokens=args.new_tokens, save_every=args.save_every, eval_every=0, backend=args.backend,
                        zero_stage=args.zero, device=args.device, generation=args.generation,

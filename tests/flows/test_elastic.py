@@ -77,8 +77,14 @@ def test_two_nodes_meet_at_one_endpoint_and_end_on_one_process_weights(project):
     node1 = subprocess.Popen([sys.executable, "-m", "protege", "stage", "rl", "--nodes", "2", "--node-rank", "1",
                               "--rdzv-endpoint", endpoint], cwd=project, env=project_env(project),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out0, _ = node0.communicate(timeout=600)
-    out1, _ = node1.communicate(timeout=120)
+    try:
+        out0, _ = node0.communicate(timeout=600)
+        out1, _ = node1.communicate(timeout=120)
+    finally:  # a node left waiting at the rendezvous is stopped with its ranks
+        for node in (node0, node1):
+            if node.poll() is None:
+                node.terminate()
+                node.wait(timeout=60)
     assert node0.returncode == 0, out0[-4000:]
     assert node1.returncode == 0, out1[-4000:]
     assert "rl: 1 processes (gloo) on each of 2 nodes (this is node 0)" in out0
@@ -117,14 +123,22 @@ def kill_a_rank_mid_run(proj: Path, stage: str, out: str, rank: int, steps: int)
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed_at = None
     deadline = time.monotonic() + 600
-    while proc.poll() is None and killed_at is None and time.monotonic() < deadline:
-        if (proj / "models" / out / "step-00002").exists():
-            pid = rank_pid(stage, rank, proc.pid)
-            if pid:
-                os.kill(pid, signal.SIGKILL)
-                killed_at = sorted(p.name for p in (proj / "models" / out).glob("step-*"))[-1]
-        time.sleep(0.05)
-    stdout, _ = proc.communicate(timeout=600)
+    try:
+        while proc.poll() is None and killed_at is None and time.monotonic() < deadline:
+            if (proj / "models" / out / "step-00002").exists():
+                pid = rank_pid(stage, rank, proc.pid)
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
+                    killed_at = sorted(p.name for p in (proj / "models" / out).glob("step-*"))[-1]
+            time.sleep(0.05)
+        stdout, _ = proc.communicate(timeout=600)
+    finally:  # a stage that hangs is stopped with its ranks (the agent stops them on SIGTERM)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     assert killed_at is not None and killed_at != f"step-{steps:05d}", \
         f"the run ended before rank {rank} could be killed:\n{stdout[-3000:]}"
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "")
