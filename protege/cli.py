@@ -123,6 +123,7 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
             run.log_metrics({"process_startup_s": _process_age_s()})  # imports etc. before the run opened
             _note_restart(name, run)
             module.run(cfg, root, run)
+        _leave_group()
     except (UserFacingError, FileNotFoundError, FloatingPointError) as exc:
         _fail(f"{name}: {_one_line(exc)}", code=1)
     finally:
@@ -180,6 +181,16 @@ def _launch_ranks(cfg, name: str, params: Path, nodes: int | None = None, node_r
     typer.echo(f"{name}: {n} processes ({backend}){span}{again}; rank 0 records and writes", err=True)
     return launch([sys.executable, "-m", "protege", "stage", name, "--params", str(params)], n,
                   _on_cuda(cfg, name), cfg.threads, where, run_id=f"protege-{name}")
+
+
+def _leave_group() -> None:
+    """Every rank leaves the group together once the stage is done: a gloo group left to the interpreter's exit
+    can abort a rank in its threads' teardown ("terminate called without an active exception")."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def _note_restart(name: str, run) -> None:
