@@ -189,8 +189,11 @@ def _leave_group() -> None:
     import torch
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        try:
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+        except (RuntimeError, ValueError):  # no usable default group (a launcher's own, or none): nothing to leave
+            pass
 
 
 def _note_restart(name: str, run) -> None:
