@@ -19,7 +19,7 @@ from transformers import LogitsProcessor, TemperatureLogitsWarper, TopKLogitsWar
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-_ROWS_PER_CHUNK_ELEMENTS = 1 << 24  # bounds the [rows, vocab] int64 noise block (128 MiB)
+_ROWS_PER_CHUNK_ELEMENTS = 1 << 22  # bounds the [rows, vocab] noise block: 32 MiB per int64 temporary
 
 
 def _signed(c: int) -> int:
@@ -62,7 +62,7 @@ class RowSeededSampler(LogitsProcessor):
     def __init__(self, seeds: list[int], per_prompt: int, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0):
         keys = [row_seed(s, j) for s in seeds for j in range(per_prompt)]
-        self.keys = torch.tensor([_signed(k) if k >= 1 << 63 else k for k in keys], dtype=torch.int64)
+        self.keys = torch.tensor(keys, dtype=torch.int64)  # row_seed's 63 bits fit a signed int64
         self.position = 0
         self.warpers = []
         if temperature != 1.0:

@@ -29,7 +29,6 @@ import torch
 
 from protege.errors import UserFacingError
 
-RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # the command line's multi-node overrides, read from the environment where a scheduler sets them per pod
 NODES_ENV, NODE_RANK_ENV, ENDPOINT_ENV = "PROTEGE_NODES", "PROTEGE_NODE_RANK", "PROTEGE_RDZV_ENDPOINT"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
