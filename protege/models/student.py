@@ -10,6 +10,7 @@ from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalG
 from protege import provenance
 from protege.config import ModelConfig
 from protege.models.hf_folder import check_folder
+from protege.models.head_input import contiguous_head_input
 from protege.models.processor import StudentProcessor
 from protege.models.tokenizer import EOS, IMAGE_PAD, PAD, VIDEO_PAD, VISION_END, VISION_START
 
@@ -42,7 +43,7 @@ def build_student(cfg: ModelConfig, processor: StudentProcessor, seed: int) -> Q
     tok = processor.tokenizer
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                                bos_token_id=None)
-    return model
+    return contiguous_head_input(model)
 
 
 def save_student(model, processor: StudentProcessor, path: str | Path) -> None:
@@ -82,4 +83,4 @@ def load_student(path: str | Path, dtype=torch.float32, trust_remote_code: bool 
     check_folder(path, trust_remote_code)
     model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype, use_safetensors=True,
                                                         trust_remote_code=trust_remote_code, **placement(device))
-    return model, StudentProcessor.from_pretrained(path, trust_remote_code)
+    return contiguous_head_input(model), StudentProcessor.from_pretrained(path, trust_remote_code)
