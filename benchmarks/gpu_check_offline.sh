@@ -17,6 +17,9 @@
 #                       steps move with bf16 weights, plain vs fp32 master weights, against fp32 (tiny student, CPU)
 #   activation-bytes    bytes per token one Qwen2.5-VL-7B decoder layer keeps for backward: plain, gradient
 #                       checkpointing, LoRA r=128 (dropout 0.05), both (activation_bytes.py, 4096 tokens, bf16)
+#   direct-load         a 7B-width student (2 layers, bf16, 3.1 GB) loaded onto the GPU as the stages load the
+#                       policy and the discriminator: the host's peak resident memory must not grow by a copy of
+#                       it (direct_load.py)
 #
 #   bash benchmarks/gpu_wheels.sh                            # here, with the index: fills .whl
 #   bash benchmarks/gpu_check_offline.sh                     # there: .whl carried beside the checkout
@@ -30,7 +33,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_PARTS="driver resume rl-bf16-lora rl-bf16-lora-zero3 bf16-updates activation-bytes"
+ALL_PARTS="driver resume rl-bf16-lora rl-bf16-lora-zero3 bf16-updates activation-bytes direct-load"
 SMOKE=0
 WANTED=${PARTS:-}
 WHEELS_GIVEN=${WHEELS:+1}
@@ -97,6 +100,7 @@ if [ "$SMOKE" = 1 ]; then
     DEVICE=cpu
     SIZES=(--questions 2 --group 2 --new-tokens 4)
     ACTIVATION=(--family tiny --tokens 32)
+    LOAD_SIZES=(--hidden 64 --intermediate 256 --heads 2 --kv-heads 1 --vocab 400)
     RESUME_STEPS=3
     echo "gpu_check_offline: CPU smoke with $PY; logs in $LOGS"
 else
@@ -105,6 +109,7 @@ else
     DEVICE=cuda
     SIZES=()
     ACTIVATION=(--family qwen2.5-vl-7b --tokens 4096)
+    LOAD_SIZES=()
     RESUME_STEPS=$STEPS
     command -v nvidia-smi >/dev/null || fail "nvidia-smi not found: this check needs an NVIDIA GPU and its driver"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || fail "nvidia-smi sees no GPU"
@@ -139,5 +144,6 @@ else
     skip_part bf16-updates "benchmarks/bf16_updates.py is not in this checkout"
 fi
 run_part activation-bytes 150 "$PY" benchmarks/activation_bytes.py --device "$DEVICE" "${ACTIVATION[@]}"
+run_part direct-load 150 "$PY" benchmarks/direct_load.py --device "$DEVICE" ${LOAD_SIZES[@]+"${LOAD_SIZES[@]}"}
 
 "$PY" benchmarks/gpu_summary.py "$LOGS" --prefix gpu_check_offline --json "$LOGS/summary.json"

@@ -249,10 +249,11 @@ def test_gpu_check_cpu_smoke(tmp_path):
 @pytest.mark.slow
 def test_gpu_check_offline_cpu_smoke(tmp_path):
     """gpu_check_offline.sh --cpu-smoke: the resume probe (ZeRO-2 fp32, three processes, identical final
-    weights), bf16 + LoRA at a 152,064-token vocabulary, the bf16-update probe and the activation probe."""
+    weights), bf16 + LoRA at a 152,064-token vocabulary, the bf16-update probe, the activation probe and the
+    stages' loading of a student and a discriminator."""
     logs = tmp_path / "logs"
     out = run_script("gpu_check_offline.sh", "--cpu-smoke", "--parts",
-                     "driver,resume,rl-bf16-lora,bf16-updates,activation-bytes", logs=logs)
+                     "driver,resume,rl-bf16-lora,bf16-updates,activation-bytes,direct-load", logs=logs)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     s = summary(logs)
     resumed = s["resume"]["result"]
@@ -262,4 +263,6 @@ def test_gpu_check_offline_cpu_smoke(tmp_path):
     act = s["activation-bytes"]["result"]["variants"]
     assert act["checkpoint"]["per_hidden"] == 2.0 and act["plain"]["per_hidden"] > act["checkpoint"]["per_hidden"]
     assert s["bf16-updates"]["status"] == "ok" or s["bf16-updates"]["status"].startswith("skipped")
+    loaded = s["direct-load"]["result"]
+    assert loaded["passed"] and loaded["policy"]["on"] == ["cpu"] and loaded["discriminator"]["on"] == ["cpu"]
     assert "gpu_check_offline: OK" in out.stdout
