@@ -59,14 +59,20 @@ def data_import(input: Path = typer.Option(..., "--input", help="a LLaVA-style .
                                                        "input's folder); paths may not lead out of it"),
                 allow_outside_images: bool = typer.Option(False, "--allow-outside-images",
                                                           help="also read absolute image paths and paths that "
-                                                               "lead out of --images (symlinks included)")) -> None:
+                                                               "lead out of --images (symlinks included)"),
+                images_in_place: bool = typer.Option(False, "--images-in-place",
+                                                     help="the table names your image files where they are "
+                                                          "(checked and hashed, not copied under OUT/images)")
+                ) -> None:
     """Import a dataset into protege's question-row schema, validated by its Great Expectations suite."""
-    from protege.data.importers import import_dataset
+    from protege.data.importers import cache_folder, import_dataset
     from protege.errors import UserFacingError
 
     fmt = fmt or ("parquet" if input.suffix == ".parquet" else "llava")
     try:
-        res = import_dataset(input, fmt, out, name, images, allow_outside_images)
+        res = import_dataset(input, fmt, out, name, images, allow_outside_images, images_in_place=images_in_place,
+                             say=lambda line: typer.echo(f"{input.name}: {line}", err=True),
+                             cache=cache_folder(out))  # a rejected file's checked images wait for the next run
     except UserFacingError as exc:
         _fail(str(exc), code=1)
     typer.echo(f"{input}: {res.rows_read} rows read, {res.duplicates_dropped} duplicates dropped, "

@@ -14,22 +14,27 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from PIL import Image
 
-from protege.data.rows import Row, image_path, read_table
+from protege.data.loader import image_batches
+from protege.data.rows import ImageFiles, Row, read_table, stand_ins
 from protege.models.logprobs import scored_positions
 from protege.models.processor import StudentProcessor
 
 RULES = ("softmax", "stratified", "lowest")
+PROGRESS_EVERY = 64  # rows between reports while measuring token lengths
 
 
-def with_token_lengths(table: Path, processor: StudentProcessor) -> pd.DataFrame:
-    """The table plus `tokens`: chat-formatted prompt + image tokens + answer, as the student sees them."""
+def with_token_lengths(table: Path, processor: StudentProcessor,
+                       progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """The table plus `tokens`: chat-formatted prompt + image tokens + answer, as the student sees them. The
+    image is a blank one of the file's size (read from its header): its tokens depend on the size alone."""
     df = read_table(table)
     lengths = []
-    for rec in df.to_dict("records"):
-        with Image.open(image_path(table, rec["image"])) as im:
-            lengths.append(processor.token_length(rec["question"], rec["answer"], im.convert("RGB")))
+    for i, rec in enumerate(df.to_dict("records")):
+        files = ImageFiles(Path(table), i, rec["id"], (rec["image"],))
+        lengths.append(processor.token_length(rec["question"], rec["answer"], stand_ins(files)))
+        if progress and ((i + 1) % PROGRESS_EVERY == 0 or i + 1 == len(df)):
+            progress(i + 1, len(df))
     return df.assign(tokens=lengths)
 
 
@@ -39,14 +44,16 @@ def answer_tokens(processor: StudentProcessor, answer: str) -> int:
 
 @torch.no_grad()
 def answer_logprobs(model, processor: StudentProcessor, rows: list[Row], batch_size: int,
-                    progress: Callable[[int, int], None] | None = None) -> list[float]:
-    """Mean token log-prob of each reference answer under the model (end-of-turn token excluded)."""
+                    progress: Callable[[int, int], None] | None = None, workers: int = 0) -> list[float]:
+    """Mean token log-prob of each reference answer under the model (end-of-turn token excluded). `workers`:
+    processes decoding the next batches' images (protege.data.loader)."""
     model.eval()
     stops = torch.tensor(processor.stop_token_ids)
     out: list[float] = []
+    batches = image_batches(rows, batch_size, workers)
     for i in range(0, len(rows), batch_size):
         chunk = rows[i:i + batch_size]
-        batch = processor.encode_pairs([r.question for r in chunk], [r.image for r in chunk], [r.answer for r in chunk])
+        batch = processor.encode_pairs([r.question for r in chunk], next(batches), [r.answer for r in chunk])
         mask = batch.pop("answer_mask")
         targets = batch["input_ids"][:, 1:]  # position t predicts token t+1
         m = (mask[:, 1:] == 1) & ~torch.isin(targets, stops)  # [B, T-1]

@@ -20,6 +20,7 @@ an error naming the file and the columns it has. A multiple-choice question gets
 from __future__ import annotations
 
 import ast
+import codecs
 import json
 import re
 from collections.abc import Iterator
@@ -80,47 +81,209 @@ def dataset_files(entry: str | Path) -> list[Path]:
 
 
 def raw_records(path: Path) -> Iterator[tuple[str, dict | None, str]]:
-    """(source label, record or None, why not) for each record of a .json, .jsonl or .parquet file."""
+    """(source label, record or None, why not) for each record of a .json, .jsonl or .parquet file, read as
+    it goes: a file of any size holds one record (or one parquet batch) in memory at a time. An error about
+    the whole file (not UTF-8, not JSON) is raised where it is found, after the records before it."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         yield from _parquet_records(path)
-        return
-    raw = path.read_bytes()
-    if suffix == ".jsonl":
-        for n, line in enumerate(raw.splitlines(), start=1):
-            if not line.strip():
-                continue
-            label = f"{path.name}:{n}"
-            try:
-                rec = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                yield label, None, f"not UTF-8 (byte {exc.start})"
-                continue
-            except json.JSONDecodeError as exc:
-                yield label, None, f"not JSON ({exc.msg})"
-                continue
+    elif suffix == ".jsonl":
+        yield from _jsonl_records(path)
+    else:
+        for i, rec in enumerate(_json_array(path)):
+            label = f"{path.name}:record {i}"
             yield (label, rec, "") if isinstance(rec, dict) else (label, None, "not an object")
-        return
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[str, dict | None, str]]:
+    n = 0
+    with path.open("rb") as f:
+        for chunk in f:  # split at b"\n" only: splitlines() numbers lone b"\r" endings as the whole file did
+            for line in chunk.splitlines():
+                n += 1
+                if not line.strip():
+                    continue
+                label = f"{path.name}:{n}"
+                try:
+                    rec = json.loads(line.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    yield label, None, f"not UTF-8 (byte {exc.start})"
+                    continue
+                except json.JSONDecodeError as exc:
+                    yield label, None, f"not JSON ({exc.msg})"
+                    continue
+                yield (label, rec, "") if isinstance(rec, dict) else (label, None, "not an object")
+
+
+def _probe(text: str) -> tuple[str, int]:
+    """json's own (message, position) for a small bad document: its wording differs between Python versions."""
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise DatasetInvalid(f"{path}: not UTF-8 at byte {exc.start}; expected a UTF-8 JSON list of records") from None
+        json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DatasetInvalid(f"{path}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        data = data["data"]  # {"data": [...]}, as some exports wrap it
-    if not isinstance(data, list):
-        raise DatasetInvalid(f"{path}: expected a JSON list of records, got {type(data).__name__}")
-    for i, rec in enumerate(data):
-        label = f"{path.name}:record {i}"
-        yield (label, rec, "") if isinstance(rec, dict) else (label, None, "not an object")
+        return exc.msg, exc.pos
+    raise AssertionError(text)
+
+
+_ARRAY_TRAILING = _probe("[1,]")       # (message, 2: at the comma | 3: at the bracket)
+_OBJECT_TRAILING = _probe('{"a":1,}')  # (message, 6 | 7)
+_WS = re.compile(r"[ \t\n\r]*")
+_MARGIN = 64  # characters past a parse error or a bare number that prove the buffer did not just end there
+
+
+class _JsonText:
+    """A UTF-8 JSON file's text, decoded chunk by chunk, that a parser walks with `pos`: what was parsed is
+    dropped (its newlines counted, for json's line numbers), so memory holds the current value and a chunk."""
+
+    def __init__(self, path: Path, chunk: int = 1 << 20):
+        self.path, self.chunk = path, chunk
+        self.file = path.open("rb")
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.buf, self.pos, self.lines, self.read_bytes, self.eof = "", 0, 0, 0, False
+        self.decode = json.JSONDecoder().raw_decode
+
+    def close(self) -> None:
+        self.file.close()
+
+    def more(self, size: int | None = None) -> bool:
+        """Reads on; False at the end of the file."""
+        if self.eof:
+            return False
+        if self.pos > len(self.buf) // 2:
+            self.lines += self.buf.count("\n", 0, self.pos)
+            self.buf, self.pos = self.buf[self.pos:], 0
+        data = self.file.read(size or self.chunk)
+        self.eof = not data
+        try:
+            self.buf += self.decoder.decode(data, final=self.eof)
+        except UnicodeDecodeError as exc:
+            # exc.object is the decoder's held-back bytes followed by `data`
+            at = self.read_bytes + len(data) - len(exc.object) + exc.start
+            raise DatasetInvalid(f"{self.path}: not UTF-8 at byte {at}; expected a UTF-8 JSON list of records"
+                                 ) from None
+        self.read_bytes += len(data)
+        return True
+
+    def peek(self) -> str:
+        """The next character that is not whitespace ('' at the end), `pos` on it."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                if self.pos == 0 and self.lines == 0 and self.buf[0] == "\ufeff":
+                    self.fail("Unexpected UTF-8 BOM (decode using utf-8-sig)", 0)
+                return self.buf[self.pos]
+            if not self.more():
+                return ""
+
+    def value(self):
+        """The JSON value at `pos` (after `peek`), read on until the buffer holds all of it."""
+        size = self.chunk
+        while True:
+            try:
+                obj, end = self.decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                cut = exc.msg.startswith("Unterminated string") or exc.pos + _MARGIN >= len(self.buf)
+                if cut and self.more(size):
+                    size *= 2  # one large value: doubling keeps the re-parses linear in its size
+                    continue
+                self.fail(exc.msg, exc.pos)
+            if isinstance(obj, (dict, list, str)) or end + _MARGIN < len(self.buf) or self.eof:
+                self.pos = end
+                return obj
+            self.more(size)  # a bare number may go on past the buffer ("12" of "12.5")
+
+    def fail(self, msg: str, pos: int):
+        line = self.lines + self.buf.count("\n", 0, pos) + 1
+        while self.more():  # the whole file was checked for UTF-8 before its JSON: that error comes first
+            self.pos = len(self.buf)
+        raise DatasetInvalid(f"{self.path}: not valid JSON at line {line}: {msg}")
+
+    def trailing(self, comma: int, probe: tuple[str, int], before: str) -> None:
+        """A closing bracket right after a comma, reported as json reports it (at the comma or at the bracket:
+        `probe` says which, its comma being at len(before))."""
+        self.fail(probe[0], comma if probe[1] == len(before) else self.pos)
+
+
+def _json_array(path: Path, chunk: int = 1 << 20) -> Iterator:
+    """The records of a JSON list (or of {"data": [...]}, as some exports wrap it), one at a time, with
+    json.loads' messages for a file that is not JSON, and the same error as before for one that is no list."""
+    text = _JsonText(path, chunk)
+    try:
+        first = text.peek()
+        if first == "[":
+            yield from _array_items(text)
+            found = "list"
+        elif first == "{":
+            found = yield from _wrapper_items(text)
+        else:
+            found = type(text.value()).__name__
+        if text.peek():
+            text.fail("Extra data", text.pos)
+        if found != "list":
+            raise DatasetInvalid(f"{path}: expected a JSON list of records, got {found}")
+    finally:
+        text.close()
+
+
+def _array_items(text: _JsonText) -> Iterator:
+    text.pos += 1  # past "["
+    if text.peek() == "]":
+        text.pos += 1
+        return
+    while True:
+        yield text.value()
+        c = text.peek()
+        if c == "]":
+            text.pos += 1
+            return
+        if c != ",":
+            text.fail("Expecting ',' delimiter", text.pos)
+        comma = text.pos
+        text.pos += 1
+        if text.peek() == "]":
+            text.trailing(comma, _ARRAY_TRAILING, "[1")
+        # anything else that is no value fails in text.value() as json.loads fails there
+
+
+def _wrapper_items(text: _JsonText) -> Iterator:
+    """The items of an object's `data` list, streamed; the object's other values are read and dropped.
+    Returns 'list' when there was such a list, else 'dict' (what the file is, for the error)."""
+    text.pos += 1  # past "{"
+    found = "dict"
+    if text.peek() == "}":
+        text.pos += 1
+        return found
+    while True:
+        if text.peek() != '"':
+            text.fail("Expecting property name enclosed in double quotes", text.pos)
+        key = text.value()
+        if text.peek() != ":":
+            text.fail("Expecting ':' delimiter", text.pos)
+        text.pos += 1
+        if key == "data" and found == "dict" and text.peek() == "[":
+            yield from _array_items(text)
+            found = "list"
+        else:
+            text.peek()
+            text.value()
+        c = text.peek()
+        if c == "}":
+            text.pos += 1
+            return found
+        if c != ",":
+            text.fail("Expecting ',' delimiter", text.pos)
+        comma = text.pos
+        text.pos += 1
+        if text.peek() == "}":
+            text.trailing(comma, _OBJECT_TRAILING, '{"a":1')
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, dict | None, str]]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.ParquetFile(path)
+        # pre-buffering (pyarrow's default) keeps every row group read so far: a 1 GB table of embedded images
+        # held 700 MB; a buffered stream holds a page or so per column, whatever the row groups' size
+        table = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
     except Exception as exc:  # pyarrow raises several types for bytes that are not parquet
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise DatasetInvalid(f"{path}: not a readable parquet table ({type(exc).__name__}: {first}); expected a "
@@ -345,20 +508,26 @@ def check_question_column(path: Path, columns: dict[str, str], keys: set[str]) -
                          f"{', '.join(sorted(keys)) or 'no columns'}")
 
 
-def read_file(path: Path, columns: dict[str, str] | None = None) -> list[Record]:
-    """Every record of one dataset file, in order; records that give no question carry their `error`."""
+def iter_file(path: Path, columns: dict[str, str] | None = None) -> Iterator[Record]:
+    """Every record of one dataset file, in order, read as it goes; records that give no question carry
+    their `error`. A JSON file's mapped column that no record has is an error raised after its last record."""
     columns = columns or {}
     keys = file_columns(path)
     if keys is not None:
         check_mapping(path, columns, keys)
         check_question_column(path, columns, keys)
-    out, seen_keys = [], set()
+    seen_keys, any_record = set(), False
     for label, rec, why in raw_records(path):
+        any_record = True
         if rec is None:
-            out.append(Record(label, error=why))
+            yield Record(label, error=why)
             continue
         seen_keys.update(rec)
-        out.append(normalise(label, rec, columns))
-    if keys is None and columns and out:
+        yield normalise(label, rec, columns)
+    if keys is None and columns and any_record:
         check_mapping(path, columns, seen_keys)
-    return out
+
+
+def read_file(path: Path, columns: dict[str, str] | None = None) -> list[Record]:
+    """Every record of one dataset file, in order (`iter_file` as a list)."""
+    return list(iter_file(path, columns))

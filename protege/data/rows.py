@@ -1,4 +1,4 @@
-"""Reading question rows (parquet + images on disk) into memory.
+"""Reading question rows (parquet + images on disk): the text in memory, the images as paths.
 
 A row: id, split, kind, question, answer, candidates (JSON list), options (JSON list), image (path
 relative to the parquet's folder), extra_images (optional JSON list of further image paths, for
@@ -20,19 +20,108 @@ from protege.errors import UserFacingError
 REQUIRED_COLUMNS = ("id", "question", "answer", "image")
 
 
-@dataclass
-class Row:
+@dataclass(frozen=True, slots=True)
+class ImageFiles:
+    """A row's images on disk, named by their paths relative to the table's folder: what a Row read from a
+    table holds in place of pixels, so a table of any size costs its text and paths. `load` decodes them
+    anew on every call; `table`, `row` and `id` name the row in errors."""
+    table: Path
+    row: int
     id: str
-    kind: str
-    question: str
-    answer: str
-    candidates: list[str]
-    image: Image.Image | list[Image.Image]  # one image, or the list of a question's images in order
-    target: str | None = None  # the SFT target when it differs from `answer` (the judge's reference)
+    rels: tuple[str, ...]
+
+    def paths(self) -> list[Path]:
+        return [image_path(self.table, rel) for rel in self.rels]
+
+    def load(self) -> Image.Image | list[Image.Image]:
+        images = [self._read(path, _decoded) for path in self.paths()]
+        return images[0] if len(images) == 1 else images
+
+    def sizes(self) -> list[tuple[int, int]]:
+        """(width, height) of each image from its file's header: no pixel is decoded."""
+        return [self._read(path, _header_size) for path in self.paths()]
+
+    def _read(self, path: Path, read):
+        try:
+            return read(path)
+        except MemoryError:  # the machine's trouble, not the file's
+            raise
+        except Exception as exc:  # PIL raises many types for bytes that are not an image
+            raise UserFacingError(f"{self.table}: row {self.row} (id {self.id!r}): image {path} cannot be read "
+                                  f"({_reason(exc)})") from None
+
+
+def _decoded(path: Path) -> Image.Image:
+    with Image.open(path) as im:
+        return im.convert("RGB")
+
+
+def _header_size(path: Path) -> tuple[int, int]:
+    with Image.open(path) as im:
+        return im.size
+
+
+ImageSource = Image.Image | list[Image.Image] | ImageFiles | None  # pixels in memory, or files to decode
+
+
+def decoded(source: ImageSource) -> Image.Image | list[Image.Image] | None:
+    """A row's images as the processor takes them: files are decoded now (and not kept), pixels pass as they are."""
+    return source.load() if isinstance(source, ImageFiles) else source
+
+
+def image_count(source: ImageSource) -> int:
+    if isinstance(source, ImageFiles):
+        return len(source.rels)
+    return 0 if source is None else len(source) if isinstance(source, (list, tuple)) else 1
+
+
+def image_sizes(source: ImageSource) -> list[tuple[int, int]]:
+    """(width, height) of each image, read from the files' headers when the images are on disk."""
+    if isinstance(source, ImageFiles):
+        return source.sizes()
+    return [im.size for im in ([] if source is None else source if isinstance(source, (list, tuple)) else [source])]
+
+
+def stand_ins(source: ImageSource) -> Image.Image | list[Image.Image] | None:
+    """Blank images of the sizes of a row's images, shaped as `decoded` returns them: the processor's token
+    count depends on an image's size only, so prompt lengths can be measured without decoding a pixel."""
+    if source is None:
+        return None
+    blanks = [Image.new("RGB", size) for size in image_sizes(source)]
+    several = isinstance(source, (list, tuple)) or (isinstance(source, ImageFiles) and len(source.rels) > 1)
+    return blanks if several else blanks[0]
+
+
+class Row:
+    """One question. `image` is decoded on each access and never kept on the row (a table of a million rows
+    would not fit in memory decoded): read it once per use. `source` is what the row holds: the image files
+    (load_rows), or images already in memory (rows built in code)."""
+
+    __slots__ = ("id", "kind", "question", "answer", "candidates", "source", "target")
+
+    def __init__(self, id: str, kind: str, question: str, answer: str, candidates: list[str], image: ImageSource,
+                 target: str | None = None):
+        # image: one image, the list of a question's images in order, or their files (ImageFiles)
+        self.id, self.kind, self.question, self.answer, self.candidates = id, kind, question, answer, candidates
+        self.source, self.target = image, target  # target: the SFT target when it differs from `answer`
+
+    @property
+    def image(self) -> Image.Image | list[Image.Image] | None:
+        return decoded(self.source)
+
+    @property
+    def image_count(self) -> int:
+        return image_count(self.source)
+
+    def image_sizes(self) -> list[tuple[int, int]]:
+        return image_sizes(self.source)
 
     @property
     def sft_target(self) -> str:
         return self.target or self.answer
+
+    def __repr__(self) -> str:
+        return f"Row(id={self.id!r}, kind={self.kind!r}, question={self.question!r}, answer={self.answer!r})"
 
 
 _ERRNO = re.compile(r"^\[Errno \d+\]\s*")
@@ -95,11 +184,6 @@ def image_paths(rec: dict) -> list[str]:
     return [rec["image"], *(json.loads(extra) if isinstance(extra, str) and extra else [])]
 
 
-def _open(path: Path) -> Image.Image:
-    with Image.open(path) as im:
-        return im.convert("RGB")
-
-
 def _target(rec: dict, path: str | Path, row: int) -> str | None:
     """A row's optional `target` column: a non-empty string, or empty / null for the reference answer."""
     value = rec.get("target")
@@ -112,11 +196,13 @@ def _target(rec: dict, path: str | Path, row: int) -> str | None:
 
 
 def load_rows(path: str | Path) -> list[Row]:
+    """The table's rows, each holding its image paths: nothing is decoded here (Row.image, or the batches of
+    protege.data.loader, decode them when used)."""
     df = read_table(path)
+    table = Path(path)  # one object every row's ImageFiles shares
     rows = []
     for i, rec in enumerate(df.to_dict("records")):
-        images = [_open(image_path(path, rel)) for rel in image_paths(rec)]
+        files = ImageFiles(table, i, rec["id"], tuple(image_paths(rec)))
         rows.append(Row(rec["id"], rec.get("kind", ""), rec["question"], rec["answer"],
-                        json.loads(rec.get("candidates") or "[]"), images[0] if len(images) == 1 else images,
-                        _target(rec, path, i)))
+                        json.loads(rec.get("candidates") or "[]"), files, _target(rec, path, i)))
     return rows

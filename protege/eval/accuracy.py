@@ -3,16 +3,19 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from protege.data.loader import image_batches
 from protege.data.rows import Row
 from protege.generation.transformers_backend import Sampling, generate_answers
 from protege.rewards.judge import extract, rule_judge
 
 
 def evaluate_rows(model, processor, rows: list[Row], batch_size: int, max_new_tokens: int,
-                  progress=None) -> tuple[dict, list[dict]]:
-    texts, tokens, seconds = generate_answers(model, processor, [r.question for r in rows], [r.image for r in rows],
+                  progress=None, workers: int = 0) -> tuple[dict, list[dict]]:
+    """`workers`: processes decoding the next batches' images (protege.data.loader)."""
+    texts, tokens, seconds = generate_answers(model, processor, [r.question for r in rows], None,
                                               Sampling(do_sample=False, max_new_tokens=max_new_tokens),
-                                              batch_size, progress=progress)
+                                              batch_size, progress=progress,
+                                              image_batches=image_batches(rows, batch_size, workers))
     items, by_kind = [], defaultdict(list)
     for r, text, n in zip(rows, texts, tokens):
         score = rule_judge(r.answer, text, r.candidates)

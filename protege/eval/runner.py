@@ -9,6 +9,7 @@ from PIL import Image
 
 from protege.bench.items import BenchItem
 from protege.bench.prompts import build_prompt
+from protege.data.rows import stand_ins
 from protege.eval.score import Prediction
 from protege.generation.transformers_backend import Sampling, complete
 
@@ -24,12 +25,14 @@ def decode_images(item: BenchItem) -> list[Image.Image]:
 def prompt_extent(processor, items: list[BenchItem], questions: list[str], images: list,
                   batch_size: int = 32) -> tuple[int, int]:
     """(the longest prompt in tokens, image tokens included; the most images one prompt holds) over benchmark
-    items and question rows (`questions[i]` with `images[i]`): what a generation engine's context must hold."""
+    items and question rows (`questions[i]` with `images[i]`: one image, a list, None, or a Row's `source`):
+    what a generation engine's context must hold. A row's images are measured as blank images of their sizes
+    (read from the files' headers): the tokens an image takes depend on its size alone."""
     prompts = [build_prompt(it) for it in items] + list(questions)
     longest = most = 0
     for start in range(0, len(prompts), batch_size):
         chunk = range(start, min(start + batch_size, len(prompts)))
-        pics = [decode_images(items[i]) if i < len(items) else images[i - len(items)] for i in chunk]
+        pics = [decode_images(items[i]) if i < len(items) else stand_ins(images[i - len(items)]) for i in chunk]
         per_prompt = processor.image_lists(pics)
         batch = processor.encode_prompts([prompts[i] for i in chunk], per_prompt)
         longest = max(longest, int(batch["attention_mask"].sum(dim=1).max()))

@@ -100,17 +100,22 @@ def completer_for(spec: TeacherSpec | None, root: Path, seed: int) -> JudgeCompl
 
 
 def evaluate_model(model, processor, suite: dict[str, list[BenchItem]], cfg: EvaluateConfig, out_dir: Path,
-                   complete: Completer | None = None, seed: int = 0, log=print, grader: str | None = None) -> dict:
+                   complete: Completer | None = None, seed: int = 0, log=print, grader: str | None = None,
+                   progress=None) -> dict:
     """Answers and scores every benchmark of the suite; writes predictions, scored items and units per
     benchmark under out_dir/NAME/ (emptied first: results of an earlier run must not mix in) and returns
-    the model's summary."""
+    the model's summary. `progress(done, total)`: items answered so far over the whole suite."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
     results, units_by_bench = {}, {}
     tokens = latency = answers = wall = 0.0
+    total = sum(map(len, suite.values()))
     for name, items in suite.items():
         t0 = time.perf_counter()
-        preds = generate_predictions(model, processor, items, cfg.batch_size, cfg.max_new_tokens)
+        before = int(answers)
+        preds = generate_predictions(model, processor, items, cfg.batch_size, cfg.max_new_tokens,
+                                     progress=None if progress is None else
+                                     (lambda done, _, b=before: progress(b + done, total)))
         wall += time.perf_counter() - t0
         write_predictions(out_dir / name / "predictions.jsonl", preds)
         summary, rows, units = score_benchmark(name, items, {p.index: p for p in preds},

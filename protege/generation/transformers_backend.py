@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -129,17 +130,21 @@ def complete(model, processor: StudentProcessor, batch: dict[str, torch.Tensor],
                         prompt_ids=processor.engine_prompt_ids(questions, images), **seeds)
 
 
-def generate_answers(model, processor: StudentProcessor, questions: list[str], images: list[Image.Image],
+def generate_answers(model, processor: StudentProcessor, questions: list[str], images: list[Image.Image] | None,
                      sampling: Sampling, batch_size: int, num_return_sequences: int = 1,
-                     progress=None) -> tuple[list[str], list[int], float]:
+                     progress=None, image_batches: Iterator[list] | None = None) -> tuple[list[str], list[int], float]:
     """Answers for many prompts in batches: (texts, completion token counts, seconds). `model` may also be a
-    generation engine (see `complete`)."""
+    generation engine (see `complete`). `image_batches`, in place of `images`: each batch's images in order
+    (protege.data.loader.image_batches), so a table's images are decoded batch by batch."""
+    if image_batches is None:
+        image_batches = (images[i:i + batch_size] for i in range(0, len(questions), batch_size))
     texts, tokens, t0 = [], [], time.perf_counter()
     for i in range(0, len(questions), batch_size):
-        batch = processor.encode_prompts(questions[i:i + batch_size], images[i:i + batch_size])
+        pictures = next(image_batches)
+        batch = processor.encode_prompts(questions[i:i + batch_size], pictures)
         if isinstance(model, torch.nn.Module):  # e.g. RL on CUDA; an engine takes its prompts on the CPU
             batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        c = complete(model, processor, batch, images[i:i + batch_size], sampling, num_return_sequences,
+        c = complete(model, processor, batch, pictures, sampling, num_return_sequences,
                      questions=questions[i:i + batch_size])
         texts += c.texts
         tokens += c.completion_mask.sum(dim=1).tolist()

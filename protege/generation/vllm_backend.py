@@ -72,11 +72,13 @@ def engine_kwargs(memory: float = 0.5, sleep: bool = False, *, max_model_len: in
 
 def image_limit(model_or_config, images: list) -> int | None:
     """`images_per_prompt` for an engine serving this model over prompts whose pictures are `images` (each one,
-    a list or None): the most any prompt holds, or None for a text-only model."""
+    a list, None, or a prompt's count of images as an int, what a table's rows give without decoding): the most
+    any prompt holds, or None for a text-only model."""
     config = getattr(model_or_config, "config", model_or_config)
     if getattr(config, "vision_config", None) is None:
         return None
-    return max((0 if im is None else len(im) if isinstance(im, (list, tuple)) else 1 for im in images), default=0)
+    return max((im if isinstance(im, int) else 0 if im is None else len(im) if isinstance(im, (list, tuple)) else 1
+                for im in images), default=0)
 
 
 def start_engine(model_path: str | Path, seed: int = 0, **kwargs):

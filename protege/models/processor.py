@@ -238,22 +238,25 @@ class StudentProcessor:
     def check_images(self, rows, where: str) -> None:
         """Every image size in `rows` (objects with `.id` and `.image`: one image, a list, or None) goes through
         the image processor once, before any compute; a size it refuses (Qwen's aspect ratio over 200, say) is
-        a UserFacingError naming the table, the row and the size."""
+        a UserFacingError naming the table, the row and the size. Rows that read their sizes from the image
+        files' headers (`image_sizes()`, protege.data.rows.Row) are checked without decoding a pixel."""
         from protege.errors import UserFacingError
 
         seen: set[tuple[int, int]] = set()
         for row in rows:
-            for im in self.image_lists([row.image])[0]:
-                if im.size in seen:
+            sizes = row.image_sizes() if callable(getattr(row, "image_sizes", None)) else \
+                [im.size for im in self.image_lists([row.image])[0]]
+            for size in sizes:
+                if size in seen:
                     continue
                 try:
-                    self.image_processor(images=[[Image.new("RGB", im.size)]], return_tensors="pt")
+                    self.image_processor(images=[[Image.new("RGB", size)]], return_tensors="pt")
                 except Exception as exc:  # noqa: BLE001 -- each image processor raises its own types
                     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    raise UserFacingError(f"{where}: row id={row.id!r}: image {im.size[0]}x{im.size[1]} cannot go "
+                    raise UserFacingError(f"{where}: row id={row.id!r}: image {size[0]}x{size[1]} cannot go "
                                           f"through the model's image processor "
                                           f"({type(self.image_processor).__name__}): {first}") from None
-                seen.add(im.size)
+                seen.add(size)
 
     # ------------------------------------------------------------------ sequences protege assembles
 

@@ -76,7 +76,7 @@ def _rollout_engine(cfg: RLConfig, policy, processor: StudentProcessor, updater,
     with updater.gathered():
         return generator_from_model(policy, processor, seed=seed * 1_000_003 + rank * 1009 + start,
                                     memory=cfg.vllm_memory, sleep=cfg.vllm_sleep, max_model_len=length,
-                                    images_per_prompt=image_limit(policy, [r.image for r in rows]),
+                                    images_per_prompt=image_limit(policy, [r.image_count for r in rows]),
                                     logprobs=cfg.rollout_correction == "tis", **extra)
 
 

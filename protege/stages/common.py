@@ -9,12 +9,19 @@ from rich.console import Console
 
 from protege import tracking
 from protege.paths import STAGE_METRICS
+from protege.progress import Progress
 
 console = Console(stderr=True, soft_wrap=True)  # long lines stay whole in logs
 
 
 def say(stage: str, message: str) -> None:
     console.print(f"[bold cyan]{stage}[/] {message}")
+
+
+def progress(stage: str, run, what: str, total: int | None) -> Progress:
+    """A stage's long pass over rows: done / total, rate and time left, printed every few seconds and logged
+    as `{what}_done`, `{what}_per_s`, `{what}_left_s` (step: rows done)."""
+    return Progress(what, total, lambda line: say(stage, line), lambda values, step: run.log_metrics(values, step=step))
 
 
 def step_logger(stage: str, run, every_print: int = 1):

@@ -16,6 +16,7 @@ from protege.data.curate import (
     select_by_logprob,
     with_token_lengths,
 )
+from protege.data.loader import workers_of_rank
 from protege.data.rows import image_paths, load_rows
 
 from protege.paths import (
@@ -26,7 +27,7 @@ from protege.paths import (
     SFT_MODEL,
     split_table,
 )
-from protege.stages.common import say
+from protege.stages.common import progress, say
 from protege.stages.student_model import load_model
 
 
@@ -40,14 +41,15 @@ def run(cfg: Config, root: Path, run) -> None:
     table = root / pool_rel
     rows = {r.id: r for r in load_rows(table)}
     processor.check_images(rows.values(), str(pool_rel))
-    df = with_token_lengths(table, processor)
+    df = with_token_lengths(table, processor, progress=progress("curate", run, "rows_measured", len(rows)).reached)
     over = df["tokens"] > c.max_tokens
     pool = df[~over].reset_index(drop=True)
     if pool.empty:
         raise ValueError(f"curate: every row of {pool_rel} is longer than curate.max_tokens="
                          f"{c.max_tokens} tokens (mean {df['tokens'].mean():.1f}); raise the cap")
     logprobs = np.array(answer_logprobs(model, processor, [rows[i] for i in pool["id"]], c.batch_size,
-                                        progress=lambda d, t: say("curate", f"scored {d}/{t}")))
+                                        progress=progress("curate", run, "rows_scored", len(pool)).reached,
+                                        workers=workers_of_rank(cfg.data.workers)))
     if c.balance:  # a row without a closed answer set (free text) is balanced by kind only
         kinds = pool["kind"] if "kind" in pool else [""] * len(pool)
         closed = pool["candidates"].map(lambda v: bool(json.loads(v or "[]"))) if "candidates" in pool else \
@@ -63,8 +65,11 @@ def run(cfg: Config, root: Path, run) -> None:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    # the curated table is self-contained: the images of its rows travel with it, at the same relative paths
+    # the curated table is self-contained: the images of its rows travel with it, at the same relative paths;
+    # an import with images in place names them by absolute path, and they stay where they are
     for rel in sorted({p for rec in chosen.to_dict("records") for p in image_paths(rec)}):
+        if Path(rel).is_absolute():
+            continue
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(table.parent / rel, out / rel)
     chosen.to_parquet(root / CURATED_RL, index=False)

@@ -8,6 +8,12 @@ is read and checked before anything is written: a missing or empty split, an unk
 column a file lacks, an RL / val / test question without an answer and a question id in two splits stop
 the stage naming the file and row. The new tables replace the last good import only once every split has
 passed, so a bad file loses nothing already imported (dvc.yaml keeps the folder between runs).
+
+Files are read as they go, a batch of records at a time, with a progress line every few seconds; the images
+already checked when a split fails wait in data/.imported-import-cache/ for the next run, which reads again
+only new or changed ones (protege.data.importers). With `data.images_in_place` the tables name your image
+files where they are instead of copies under data/imported/images/ (see protege.data.importers for why the
+default copies).
 """
 from __future__ import annotations
 
@@ -17,12 +23,14 @@ from pathlib import Path
 import pandas as pd
 
 from protege.config import Config
-from protege.data.importers import file_frame, stage_split, write_table
+from protege.data.importers import (ImageStore, cache_folder, file_rows, parquet_rows, progress_done, stage_split,
+                                    write_table)
 from protege.data.layouts import dataset_files
 from protege.data.validate import DatasetInvalid
 from protege.errors import UserFacingError
 from protege.paths import IMPORTED, SPLITS
 from protege.pool import ensure_pool
+from protege.progress import Progress
 from protege.stages.common import say, write_stage_metrics
 
 ANSWER_NEEDED = ("rl", "val", "test")  # the judge compares with it; SFT can train on the target alone
@@ -33,21 +41,26 @@ def resolve(root: Path, entry: str) -> Path:
     return path if path.is_absolute() else root / path
 
 
-def read_split(cfg: Config, root: Path, split: str, entries: list[str]) -> tuple[pd.DataFrame, dict[Path, Path]]:
-    """A split's rows from all its files (column `file`: the row's file) and each file's image folder."""
-    frames, roots = [], {}
+def read_split(cfg: Config, root: Path, split: str, entries: list[str], store: ImageStore) -> pd.DataFrame:
+    """A split's rows from all its files (column `file`: the row's file), their images checked into `store`,
+    read file by file and batch by batch with a progress line."""
     images = resolve(root, cfg.data.images) if cfg.data.images else None
     if images is not None and not images.is_dir():
         raise DatasetInvalid(f"data.images: {images} is not a folder; expected the folder your relative image "
                              "paths resolve in")
-    for entry in entries:
-        for path in dataset_files(resolve(root, entry)):
-            frame = file_frame(path, cfg.data.columns)
-            if frame.empty:
-                raise DatasetInvalid(f"data.{split}: {path}: no rows; expected at least one record")
-            frame["file"] = [path] * len(frame)
-            frames.append(frame)
-            roots[path] = images or path.parent
+    paths = [path for entry in entries for path in dataset_files(resolve(root, entry))]
+    counts = [parquet_rows(p) for p in paths]
+    progress = Progress("rows", sum(counts) if None not in counts else None,
+                        say=lambda line: say("data", f"data.{split}: {line}"))
+    frames = []
+    for path in paths:
+        frame = file_rows(path, images or path.parent, store, cfg.data.columns, cfg.data.allow_outside_images,
+                          progress=progress.update)
+        if frame.empty:
+            raise DatasetInvalid(f"data.{split}: {path}: no rows; expected at least one record")
+        frame["file"] = [path] * len(frame)
+        frames.append(frame)
+    progress_done(progress)
     frame = pd.concat(frames, ignore_index=True)
     if split in ANSWER_NEEDED:
         missing = frame[frame["parsed"] & frame["answer"].isna()]
@@ -57,7 +70,7 @@ def read_split(cfg: Config, root: Path, split: str, entries: list[str]) -> tuple
             raise DatasetInvalid(f"data.{split}: {len(missing)} question(s) without an answer: {shown}{more}; "
                                  "expected an `answer` field (or verl's reward_model.ground_truth, or map yours "
                                  "with data.columns.answer): the judge compares responses with it")
-    return frame, roots
+    return frame
 
 
 def check_ids_across_splits(frames: dict[str, pd.DataFrame]) -> None:
@@ -81,23 +94,22 @@ def run(cfg: Config, root: Path, run) -> None:
                               f"{cfg.data.source!r}: run `protege dag` to write dvc.yaml for it")
     run.log_params(cfg.data.model_dump(mode="json"), "data.")
     ensure_pool(root)  # sft lists the retraining pool as a dependency, so it exists from the start (empty)
-    frames, roots = {}, {}
-    for split, entries in cfg.data.split_files().items():
-        frames[split], roots[split] = read_split(cfg, root, split, entries)
-    check_ids_across_splits(frames)
-    if "val" not in frames:
-        say("data", "data.val is null: the RL stages draw no learning curve")
+    store = ImageStore(cache_folder(root / IMPORTED), cfg.data.images_in_place)
     fresh = root / IMPORTED.parent / f".{IMPORTED.name}.new"
-    shutil.rmtree(fresh, ignore_errors=True)
-    staged = {}
     try:
-        for split, frame in frames.items():  # every split checked before one is written
-            staged[split] = stage_split(frame, roots[split], fresh, split, cfg.data.allow_outside_images,
-                                         shown_out=IMPORTED)
-        results = {split: write_table(staged[split], fresh) for split in SPLITS if split in staged}
+        frames = {split: read_split(cfg, root, split, entries, store)
+                  for split, entries in cfg.data.split_files().items()}
+        check_ids_across_splits(frames)
+        if "val" not in frames:
+            say("data", "data.val is null: the RL stages draw no learning curve")
+        shutil.rmtree(fresh, ignore_errors=True)
+        # every split checked before one is written
+        staged = {split: stage_split(frame, fresh, split, shown_out=IMPORTED) for split, frame in frames.items()}
+        results = {split: write_table(staged[split], fresh, store) for split in SPLITS if split in staged}
+    except DatasetInvalid as exc:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise store.kept(exc) from None
     except BaseException:
-        for s in staged.values():
-            shutil.rmtree(s.staging, ignore_errors=True)
         shutil.rmtree(fresh, ignore_errors=True)
         raise
     out = root / IMPORTED
@@ -107,9 +119,10 @@ def run(cfg: Config, root: Path, run) -> None:
         out.rename(old)
     fresh.rename(out)
     shutil.rmtree(old, ignore_errors=True)
+    store.remove()
     for split, result in results.items():
         run.log_input(IMPORTED / result.table.name, context=f"data:{split}")
-    images = len(list((out / "images").iterdir()))
+    images = len(set().union(*(s.images for s in staged.values())))
     say("data", ", ".join(f"{s}: {r.rows_written} rows" + (f" ({r.duplicates_dropped} duplicates dropped)"
                                                             if r.duplicates_dropped else "")
                           for s, r in results.items()) + f"; {images} images -> {IMPORTED}")

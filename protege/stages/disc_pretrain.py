@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from protege.config import Config, discriminator_trainable, tracked_params
+from protege.data.loader import workers_of_rank
 from protege.data.rows import load_rows, read_parquet_table
 from protege.models.discriminator import Discriminator, load_discriminator
 from protege.models.processor import StudentProcessor
@@ -46,7 +47,7 @@ def run(cfg: Config, root: Path, run) -> None:
     student = student[student["question_id"].isin(rows)]
     teacher = balanced_teacher_answers(read_parquet_table(root / TEACHER_ANSWERS, ("question_id", "teacher", "answer"),
                                                           "teacher answers"), student, cfg.seed)
-    examples = [Example(qid, rows[qid].question, rows[qid].image, ans, label)
+    examples = [Example(qid, rows[qid].question, rows[qid].source, ans, label)  # images decoded batch by batch
                 for frame, label in ((student, 1.0), (teacher, 0.0))
                 for qid, ans in zip(frame["question_id"], frame["answer"])]
     if lead:
@@ -65,7 +66,8 @@ def run(cfg: Config, root: Path, run) -> None:
     result = pretrain_discriminator(disc, processor, examples, cfg.disc_pretrain, cfg.seed,
                                     on_log=step_logger("disc_pretrain", run) if lead else None, state_dir=state,
                                     inputs_digest=inputs_digest(root, [CURATED_RL, ROLLOUTS, TEACHER_ANSWERS,
-                                                                       SFT_MODEL]), save_final=save)
+                                                                       SFT_MODEL]), save_final=save,
+                                    workers=workers_of_rank(cfg.data.workers))
     if not lead:
         return
     shutil.rmtree(state, ignore_errors=True)  # the discriminator is written: a finished run needs no state

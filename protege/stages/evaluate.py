@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from protege.config import Config
+from protege.data.loader import workers_of_rank
 from protege.data.rows import load_rows
 from protege.eval.accuracy import evaluate_rows
 from protege.eval.report import (
@@ -39,7 +40,7 @@ from protege.paths import (
     split_table,
     checkpoints,
 )
-from protege.stages.common import say
+from protege.stages.common import progress, say
 from protege.stages.student_model import load_model
 from protege.stages.rl_baseline import RL_BASELINE, baseline_algorithm
 
@@ -79,11 +80,11 @@ def engine_extent(ev, processor, suite: dict, test_rows: list, model) -> tuple[i
     from protege.generation.vllm_backend import image_limit
 
     items = [it for bench in suite.values() for it in bench]
-    images = image_limit(model, [list(it.images) for it in items] + [r.image for r in test_rows])
+    images = image_limit(model, [list(it.images) for it in items] + [r.image_count for r in test_rows])
     if ev.vllm_max_model_len:
         return ev.vllm_max_model_len, images
     say("evaluate", f"measuring {len(items) + len(test_rows)} prompts for the vLLM engine's context")
-    longest, _ = prompt_extent(processor, items, [r.question for r in test_rows], [r.image for r in test_rows])
+    longest, _ = prompt_extent(processor, items, [r.question for r in test_rows], [r.source for r in test_rows])
     return longest + ev.max_new_tokens, images
 
 
@@ -125,9 +126,13 @@ def run(cfg: Config, root: Path, run) -> None:
             length, images = extent
             model = generator_from_model(model, processor, seed=cfg.seed, max_model_len=length,
                                          images_per_prompt=images)
+        answered = progress("evaluate", run, f"{model_name}.benchmark_items", sum(map(len, suite.values())))
         summary = evaluate_model(model, processor, suite, ev, root / EVAL_DIR / model_name, complete, cfg.seed,
-                                 log=lambda m, n=model_name: say("evaluate", f"{n} {m}"), grader=grader)
-        world, items = evaluate_rows(model, processor, test_rows, ev.batch_size, ev.max_new_tokens)
+                                 log=lambda m, n=model_name: say("evaluate", f"{n} {m}"), grader=grader,
+                                 progress=answered.reached)
+        answered = progress("evaluate", run, f"{model_name}.test_questions", len(test_rows))
+        world, items = evaluate_rows(model, processor, test_rows, ev.batch_size, ev.max_new_tokens,
+                                     progress=answered.reached, workers=workers_of_rank(cfg.data.workers))
         if ev.generation == "vllm":
             model.close()  # its device memory goes back before the next model's engine starts
         world = world_summary(world, items, ev.bootstrap, cfg.seed)

@@ -7,12 +7,15 @@ import pandas as pd
 import torch
 
 from protege.config import Config, tracked_params
+from protege.data.loader import image_batches, workers_of_rank
 from protege.data.rows import load_rows
 from protege.generation.transformers_backend import Sampling, generate_answers
 
 from protege.paths import CURATED_RL, ROLLOUTS, SFT_MODEL
-from protege.stages.common import say, write_stage_metrics
+from protege.stages.common import progress, say, write_stage_metrics
 from protege.stages.student_model import load_model
+
+BATCH = 32  # questions a generation batch holds
 
 
 def run(cfg: Config, root: Path, run) -> None:
@@ -30,13 +33,14 @@ def run(cfg: Config, root: Path, run) -> None:
         # curate dropped every question longer than curate.max_tokens (prompt, image and reference answer)
         model = generator_from_model(model, processor, seed=cfg.seed, memory=c.vllm_memory,
                                      max_model_len=c.vllm_max_model_len or cfg.curate.max_tokens + c.max_new_tokens,
-                                     images_per_prompt=image_limit(model, [r.image for r in rows]))
+                                     images_per_prompt=image_limit(model, [r.image_count for r in rows]))
     sampling = Sampling(do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                         max_new_tokens=c.max_new_tokens)
+    answered = progress("rollouts", run, "questions", len(rows))
     texts, tokens, seconds = generate_answers(
-        model, processor, [r.question for r in rows], [r.image for r in rows], sampling, batch_size=32,
-        num_return_sequences=c.samples_per_question,
-        progress=lambda done, total: say("rollouts", f"{done}/{total} questions"))
+        model, processor, [r.question for r in rows], None, sampling, batch_size=BATCH,
+        num_return_sequences=c.samples_per_question, progress=answered.reached,
+        image_batches=image_batches(rows, BATCH, workers_of_rank(cfg.data.workers)))
     if c.generation == "vllm":
         model.close()
     n = c.samples_per_question

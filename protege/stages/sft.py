@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from protege.config import Config, tracked_params
+from protege.data.loader import workers_of_rank
 from protege.data.rows import load_rows
 from protege.models.student import save_student
 from protege.paths import SFT_MODEL, TRAINING_STATES, split_table
@@ -50,7 +51,8 @@ def run(cfg: Config, root: Path, run) -> None:
                                   *(t.relative_to(root) for t in pooled)], [cfg.model.digest] if outside else [])
     result = train_sft(model, processor, rows, cfg.sft, cfg.seed, on_log=step_logger("sft", run) if lead else None,
                        state_dir=state, inputs_digest=digest,
-                       save_final=lambda m: save_student(m, processor, root / SFT_MODEL))
+                       save_final=lambda m: save_student(m, processor, root / SFT_MODEL),
+                       workers=workers_of_rank(cfg.data.workers))
     if not lead:
         return
     shutil.rmtree(state, ignore_errors=True)  # the checkpoint is written: a finished run needs no state

@@ -19,12 +19,14 @@ from protege.data.validate import DatasetInvalid, run_suite
 from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
 from protege.paths import CURATED_RL, TEACHER_ANSWERS, TEACHER_CACHE
-from protege.stages.common import say, write_stage_metrics
+from protege.stages.common import progress, say, write_stage_metrics
 from protege.stages.student_model import base_model_dir
 from protege.teachers.backends import TeacherRequest
 from protege.files import file_sha256
 from protege.teachers.cache import TeacherCache, TeacherCacheIncomplete, cache_key, repair_counts
 from protege.teachers.factory import build_teacher
+
+HASH_BATCH = 256  # images hashed between progress reports
 
 
 def requests_for(questions: pd.DataFrame, table: Path, image_hashes: dict[str, str], backend,
@@ -44,6 +46,17 @@ def requests_for(questions: pd.DataFrame, table: Path, image_hashes: dict[str, s
     return out
 
 
+def hash_images(table: Path, questions: pd.DataFrame, run) -> dict[str, str]:
+    """Each image path of the table -> its file's sha256 (what a cache key names the image by)."""
+    rels = list(dict.fromkeys(rel for rec in questions.to_dict("records") for rel in image_paths(rec)))
+    hashed = progress("teachers", run, "images_hashed", len(rels))
+    out = {}
+    for start in range(0, len(rels), HASH_BATCH):
+        out.update((rel, file_sha256(image_path(table, rel))) for rel in rels[start:start + HASH_BATCH])
+        hashed.update(len(rels[start:start + HASH_BATCH]))
+    return out
+
+
 def say_repairs(cache: TeacherCache, said: int = 0) -> int:
     """One line per repair the cache made since the first `said` (an index rebuilt, a shard distrusted: which,
     why, the answers dropped and how many were asked again); returns how many are said now."""
@@ -59,16 +72,16 @@ def run(cfg: Config, root: Path, run) -> None:
     questions = read_table(root / CURATED_RL)
     processor = StudentProcessor.from_pretrained(base_model_dir(cfg, root), cfg.model.trust_remote_code)
     cache = TeacherCache(root / TEACHER_CACHE)
-    image_hashes = {rel: file_sha256(image_path(root / CURATED_RL, rel))
-                    for rec in questions.to_dict("records") for rel in image_paths(rec)}
+    image_hashes = hash_images(root / CURATED_RL, questions, run)
     metrics, views, incomplete, said = {}, [], [], 0
     for spec in cfg.teachers.pool:
         backend = build_teacher(spec, root, cfg.teachers.error_rate, cfg.seed, cfg.world.accounts)
         requests = requests_for(questions, root / CURATED_RL, image_hashes, backend, processor,
                                 cfg.teachers.answers_per_question)
         say("teachers", f"{spec.name} ({spec.backend}): {len(requests)} answers wanted")
+        asked = progress("teachers", run, f"{spec.name}.answers", None)
         try:
-            stats = cache.fill(backend, requests)
+            stats = cache.fill(backend, requests, progress=asked.reached)
         except TeacherCacheIncomplete as exc:  # keep going: the other teachers' answers are worth having
             incomplete.append(str(exc))
             stats = {"failures": exc.missing, "requested": exc.total}

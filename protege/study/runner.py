@@ -313,6 +313,7 @@ def _bench_units(name: str, folder: Path, items, protocol: str) -> dict:
 def evaluate_models(cfg, root: Path, models: dict[str, Path], label: str) -> dict:
     """Each model on the world's test split (per-item correctness) and on the benchmark suite (per-unit
     scores, the 14-benchmark average with its CI)."""
+    from protege.data.loader import workers_of_rank
     from protege.data.rows import load_rows
     from protege.eval.accuracy import evaluate_rows
     from protege.eval.suite import benchmark_files, completer_for, evaluate_model, grader_prompt, load_suite
@@ -328,7 +329,8 @@ def evaluate_models(cfg, root: Path, models: dict[str, Path], label: str) -> dic
         eval_dir = root / "eval" / name
         summary = evaluate_model(model, processor, suite, ev, eval_dir, complete, cfg.seed, grader=grader,
                                  log=lambda m, n=name: say(f"{label} {n} {m}"))
-        world, items = evaluate_rows(model, processor, rows, ev.batch_size, ev.max_new_tokens)
+        world, items = evaluate_rows(model, processor, rows, ev.batch_size, ev.max_new_tokens,
+                                     workers=workers_of_rank(cfg.data.workers))
         (eval_dir / "world_test.jsonl").write_text("".join(json.dumps(i, ensure_ascii=False) + "\n" for i in items))
         out[name] = {
             "path": str(rel),

@@ -20,7 +20,7 @@ import os
 import re
 import statistics
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -298,8 +298,10 @@ class TeacherCache:
         index["shards"][shard.name] = {"sha256": file_sha256(shard), "rows": len(rows)}
         self._write_index(teacher, index)
 
-    def fill(self, backend: TeacherBackend, requests: list[TeacherRequest]) -> dict:
+    def fill(self, backend: TeacherBackend, requests: list[TeacherRequest],
+             progress: Callable[[int, int], None] | None = None) -> dict:
         """Asks the backend for the keys not cached yet, persisting a shard every `flush_every` answers.
+        `progress(done, total)` after each answer or failure, over the keys asked now.
 
         Raises TeacherCacheIncomplete (after storing every answer received) if some requests failed.
         """
@@ -325,20 +327,25 @@ class TeacherCache:
                 self._append_shard(backend.name, buffer[:], index)
                 buffer.clear()
 
+        def keep(o: Outcome) -> None:
+            if isinstance(o, TeacherFailure):
+                failures.append(o)
+                return
+            req = by_key[o.key]
+            answers.append(o)
+            buffer.append({"key": o.key, "teacher": backend.name, "revision": backend.revision,
+                           "question_id": req.question_id, "sample_index": req.sample_index, "answer": o.text,
+                           "latency_s": o.latency_s, "prompt_tokens": o.prompt_tokens,
+                           "completion_tokens": o.completion_tokens, "finish_reason": o.finish_reason,
+                           "truncated": o.finish_reason == "length"})
+            if len(buffer) >= self.flush_every:
+                flush()
+
         def on_outcome(o: Outcome) -> None:
             with lock:
-                if isinstance(o, TeacherFailure):
-                    failures.append(o)
-                    return
-                req = by_key[o.key]
-                answers.append(o)
-                buffer.append({"key": o.key, "teacher": backend.name, "revision": backend.revision,
-                               "question_id": req.question_id, "sample_index": req.sample_index, "answer": o.text,
-                               "latency_s": o.latency_s, "prompt_tokens": o.prompt_tokens,
-                               "completion_tokens": o.completion_tokens, "finish_reason": o.finish_reason,
-                               "truncated": o.finish_reason == "length"})
-                if len(buffer) >= self.flush_every:
-                    flush()
+                keep(o)
+                if progress is not None:
+                    progress(len(answers) + len(failures), len(missing))
 
         try:
             if missing:

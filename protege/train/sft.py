@@ -9,14 +9,16 @@ a re-run resumes from it, ending with bitwise the weights of an uninterrupted ru
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 from protege.config import SFTConfig, result_params
+from protege.data.loader import decoded_batches, row_sources
 from protege.data.rows import Row
 from protege.errors import UserFacingError
 from protege.models.processor import StudentProcessor
@@ -48,13 +50,29 @@ def answer_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(batch["answer_mask"][:, 1:].sum())
 
 
+def batch_plan(order: list[int], n_rows: int, cfg: SFTConfig, rng: random.Random, start: int, rank: int,
+               world_size: int) -> Iterator[list[int]]:
+    """This rank's rows of every step from `start` on, drawn as the loop draws them but from a copy of its RNG:
+    the decoders run ahead of the loop while the RNG a saved state records stays at the loop's step."""
+    ahead = random.Random()
+    ahead.setstate(rng.getstate())  # now: the generator below starts only when the decoders ask
+
+    def draws(order: list[int]) -> Iterator[list[int]]:
+        for _ in range(start, cfg.steps + 1):
+            idx, order = next_rows(order, n_rows, cfg.batch_size, ahead)
+            yield idx[rank::world_size]
+    return draws(list(order))
+
+
 def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfig, seed: int,
               on_log: Callable[[int, dict], None] | None = None, *, state_dir=None, inputs_digest: str = "",
-              stop_after: int | None = None, save_final: Callable[[torch.nn.Module], None] | None = None) -> dict:
+              stop_after: int | None = None, save_final: Callable[[torch.nn.Module], None] | None = None,
+              workers: int = 0) -> dict:
     """Trains `model` in place. With `state_dir`, resumes from a state of this very run found there
     (same settings, seed, processes and `inputs_digest`) and saves one every `save_every` steps.
     `save_final(model)` runs on rank 0 with whole weights (ZeRO-3 gathers them) once training is done;
-    `stop_after` ends the run after that step's state save without it, as a kill would (tests)."""
+    `stop_after` ends the run after that step's state save without it, as a kill would (tests).
+    `workers`: processes decoding the next batches' images ahead of the step (protege.data.loader)."""
     rank, world_size = world()
     if cfg.batch_size < world_size:
         raise UserFacingError(f"sft.batch_size ({cfg.batch_size}) must be at least the number of processes "
@@ -74,36 +92,42 @@ def train_sft(model, processor: StudentProcessor, rows: list[Row], cfg: SFTConfi
     order: list[int] = cursor.get("order", [])
     running: list[float] = cursor.get("running", [])  # losses since the last log line: a resumed run logs the same
     t0 = time.perf_counter()
-    for step in range(start, cfg.steps + 1):
-        idx, order = next_rows(order, len(rows), cfg.batch_size, rng)
-        mine = idx[rank::world_size]  # every rank drew the same global batch
-        images = processor.image_lists([rows[i].image for i in mine])
-        batch = processor.encode_pairs([rows[i].question for i in mine], images, [rows[i].sft_target for i in mine])
-        local = answer_tokens(batch)
-        total = int(all_reduce_sum(torch.tensor(local, device=device))) if world_size > 1 else local
-        traj = answer_trajectory(batch, images)
-        # each micro-batch's summed loss as its share of the global batch's token mean (global_mean_share)
-        loss = torch.zeros((), device=device)
-        for rows_ in rank_length_groups(traj.inputs["attention_mask"].sum(dim=1).tolist(), tokens,
-                                         even_forwards(updater)):
-            part = (traj if len(rows_) == traj.n else traj.select(rows_, processor)).trimmed(processor).to(device)
-            share = answer_nll(model, part) * (world_size / total)
-            updater.backward(share)
-            loss += share.detach()
-        step_loss = float(all_reduce_sum(loss) / world_size)  # the global batch's mean: the same on every rank
-        if not math.isfinite(step_loss):
-            raise FloatingPointError(f"SFT loss is {step_loss} at step {step}; lower sft.lr")
-        grad_norm = updater.step()
-        running.append(step_loss)
-        if due(step, cfg.log_every, cfg.steps):
-            if on_log:
-                on_log(step, {"loss": sum(running) / len(running), "grad_norm": grad_norm,
-                              "seconds_per_step": (time.perf_counter() - t0) / (step - start + 1)})
-            running = []
-        if due(step, cfg.save_every, cfg.steps):
-            run.save(step, {"order": order, "running": running})
-        if stop_after is not None and step >= stop_after:
-            return {"steps": step, "seconds": time.perf_counter() - t0, "resumed_after_step": start - 1}
+    plan = batch_plan(order, len(rows), cfg, rng, start, rank, world_size)
+    with contextlib.closing(decoded_batches(row_sources(rows), plan, workers)) as batches:
+        for step in range(start, cfg.steps + 1):
+            idx, order = next_rows(order, len(rows), cfg.batch_size, rng)
+            mine = idx[rank::world_size]  # every rank drew the same global batch
+            planned, decoded = next(batches)
+            if planned != mine:  # the plan repeats the loop's draws: a difference is a bug, never data
+                raise RuntimeError(f"sft step {step}: decoded rows {planned} but the step drew {mine}")
+            images = processor.image_lists(decoded)
+            batch = processor.encode_pairs([rows[i].question for i in mine], images,
+                                           [rows[i].sft_target for i in mine])
+            local = answer_tokens(batch)
+            total = int(all_reduce_sum(torch.tensor(local, device=device))) if world_size > 1 else local
+            traj = answer_trajectory(batch, images)
+            # each micro-batch's summed loss as its share of the global batch's token mean (global_mean_share)
+            loss = torch.zeros((), device=device)
+            for rows_ in rank_length_groups(traj.inputs["attention_mask"].sum(dim=1).tolist(), tokens,
+                                             even_forwards(updater)):
+                part = (traj if len(rows_) == traj.n else traj.select(rows_, processor)).trimmed(processor).to(device)
+                share = answer_nll(model, part) * (world_size / total)
+                updater.backward(share)
+                loss += share.detach()
+            step_loss = float(all_reduce_sum(loss) / world_size)  # the global batch's mean: the same on every rank
+            if not math.isfinite(step_loss):
+                raise FloatingPointError(f"SFT loss is {step_loss} at step {step}; lower sft.lr")
+            grad_norm = updater.step()
+            running.append(step_loss)
+            if due(step, cfg.log_every, cfg.steps):
+                if on_log:
+                    on_log(step, {"loss": sum(running) / len(running), "grad_norm": grad_norm,
+                                  "seconds_per_step": (time.perf_counter() - t0) / (step - start + 1)})
+                running = []
+            if due(step, cfg.save_every, cfg.steps):
+                run.save(step, {"order": order, "running": running})
+            if stop_after is not None and step >= stop_after:
+                return {"steps": step, "seconds": time.perf_counter() - t0, "resumed_after_step": start - 1}
     if save_final is not None:
         with updater.gathered():  # collective under ZeRO-3
             if rank == 0:

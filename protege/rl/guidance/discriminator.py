@@ -25,7 +25,7 @@ def _disc_batch(processor: StudentProcessor, rows: list[Row], texts: list[str], 
     answers of like length, each cut to its own longest row, with the answers each holds (`agree`: as many on
     every rank, runtime.micro.rank_length_groups)."""
     qs = [r.question for r in rows for _ in range(per_question)]
-    ims = [r.image for r in rows for _ in range(per_question)]
+    ims = [im for im in [r.image for r in rows] for _ in range(per_question)]  # each question decoded once
     whole = processor.encode_pairs(qs, ims, texts)  # right-padded: a row's length is its attended tokens
     out = []
     for group in rank_length_groups(whole["attention_mask"].sum(dim=1).tolist(), tokens, agree):
