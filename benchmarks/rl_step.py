@@ -1,7 +1,14 @@
-"""Seconds per RL step, samples/s and tokens/s of the RL loop, for `dr_grpo` and `ril`, and against TRL.
+"""Seconds per RL step, samples/s and tokens/s of the RL loop, for `dr_grpo`, DAPO's recipe and `ril`, and
+against TRL.
 
 Fixed work: the tiny Qwen2-VL student (params.yaml `model` sizes) freshly initialised from seed 0,
 8 questions x G=4 samples (+4 teacher answers for ril), 16 new tokens at most, on the CPU.
+
+DAPO's recipe (`dapo`): grpo's advantage, clip-higher 0.2 / 0.28, token_mean, no KL term (no reference
+forward), the soft overlong punishment over the last 4 tokens and dynamic sampling of up to 3 draws. The
+untrained student answers every question wrong, so every group scores alike and each step draws 3 times: the
+figure is dynamic sampling's worst case (its line shows the draws per step and the share of groups dropped);
+`dapo_one_draw` is the recipe without dynamic sampling.
 
 TRL comparison (needs the `bench` extra: pip install -e '.[bench]'): the same 8 text-only prompts x G=4,
 16 new tokens, same sampling, rule-judge reward, Dr.GRPO loss with unscaled rewards, beta 0.04, one
@@ -16,6 +23,7 @@ before length groups). `--micro-batch-tokens` sets the budget (rl.micro_batch_to
 forward unless the padding saved outweighs a forward's overhead).
 
     .venv/bin/python benchmarks/rl_step.py [--steps 5] [--threads 2] [--micro-batch-tokens N] [--no-trl]
+                                           [--runs dr_grpo,dapo,dapo_one_draw,ril,dr_grpo_text]
 """
 from __future__ import annotations
 
@@ -42,6 +50,8 @@ from protege.world.generate import generate_world
 from protege.world.teachers import all_templates, scripted_answer
 
 QUESTIONS, G, NEW_TOKENS = 8, 4, 16
+DAPO = dict(clip_eps_low=0.2, clip_eps_high=0.28, loss_aggregation="token_mean", kl_beta=0.0,
+            overlong={"penalty_window": 4, "penalty": 1.0}, dynamic_sampling={"max_draws": 3})
 
 
 def summarise(name: str, seconds: list[float], samples: int, tokens: list[float]) -> dict:
@@ -52,17 +62,20 @@ def summarise(name: str, seconds: list[float], samples: int, tokens: list[float]
     return r
 
 
-def ours(name, student, processor, rows, answers, algorithm, steps, out: Path, tokens: int | None = None) -> dict:
+def ours(name, student, processor, rows, answers, algorithm, steps, out: Path, tokens: int | None = None,
+         **settings) -> dict:
     # one step more than run, so that the last timed step does not include writing the final checkpoint
     cfg = RLConfig(algorithm=algorithm, steps=steps + 2, questions_per_step=QUESTIONS, group_size=G,
-                   max_new_tokens=NEW_TOKENS, save_every=10_000, device="cpu", micro_batch_tokens=tokens)
+                   max_new_tokens=NEW_TOKENS, save_every=10_000, device="cpu", micro_batch_tokens=tokens, **settings)
     logs: list[dict] = []
     disc = Discriminator(copy.deepcopy(student.model)) if algorithm == "ril" else None
-    run_rl(copy.deepcopy(student), copy.deepcopy(student), processor, RLInputs(rows, answers, disc), cfg, out,
+    ref = copy.deepcopy(student) if cfg.kl_beta > 0 else None  # the stage loads none without a KL term
+    run_rl(copy.deepcopy(student), ref, processor, RLInputs(rows, answers, disc), cfg, out,
            seed=0, on_log=lambda s, m: logs.append(m), stop_after=steps + 1)
     timed = logs[1:]  # the first step pays one-off costs
-    samples = QUESTIONS * G * (2 if algorithm == "ril" else 1)
-    seconds = [samples / m["samples_per_s"] for m in timed]
+    seconds = [m["step_s"] for m in timed]
+    # the answers each step trains on: QUESTIONS x G (x 2 for ril), fewer where dynamic sampling ran out of draws
+    samples = round(statistics.median(m["samples_per_s"] * m["step_s"] for m in timed))
     r = summarise(name, seconds, samples, [m["tokens_per_s"] * s for m, s in zip(timed, seconds)])
     # over every step: padded tokens / tokens in the forwards
     r.update(padded_share=statistics.mean(m["padded_share"] for m in logs),
@@ -70,6 +83,11 @@ def ours(name, student, processor, rows, answers, algorithm, steps, out: Path, t
              micro_batches=statistics.mean(m["micro_batches"] for m in logs))
     print(f"{'':14s} padded share of forward tokens: {r['padded_share_batch_wide']:.1%} padded to the batch's widest "
           f"row, {r['padded_share']:.1%} in length groups ({r['micro_batches']:.1f} forwards per pass)")
+    if "dynamic_sampling_draws" in logs[0]:
+        r.update(draws_per_step=statistics.mean(m["dynamic_sampling_draws"] for m in timed),
+                 dropped_share=statistics.mean(m["dynamic_sampling_dropped"] for m in timed))
+        print(f"{'':14s} dynamic sampling: {r['draws_per_step']:.1f} draws per step, {r['dropped_share']:.0%} of the "
+              f"groups drawn dropped (their answers all scored alike)")
     return r
 
 
@@ -157,6 +175,8 @@ def main() -> None:
     ap.add_argument("--micro-batch-tokens", type=int, default=None,
                     help="tokens per forward (rl.micro_batch_tokens); unset: derived from the model")
     ap.add_argument("--no-trl", action="store_true", help="skip the TRL comparison")
+    ap.add_argument("--runs", default="dr_grpo,dapo,dapo_one_draw,ril,dr_grpo_text",
+                    help="which of our runs, comma-separated (dr_grpo_text is the TRL comparison's)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,14 +189,23 @@ def main() -> None:
                           for t in ("concise", "verbose") for k in range(4)] for r in rows}
         print(f"threads {torch.get_num_threads()}; student {sum(p.numel() for p in student.parameters()):,} params")
         results = {}
-        for algorithm in ("dr_grpo", "ril"):
-            results[algorithm] = ours(algorithm, student, processor, rows, answers, algorithm, args.steps,
-                                      Path(tmp) / algorithm, args.micro_batch_tokens)
+        runs = args.runs.split(",")
+        no_dynamic = {**DAPO, "dynamic_sampling": {"max_draws": 0}}  # the recipe's update alone, one draw a step
+        for name, algorithm, settings in (("dr_grpo", "dr_grpo", {}), ("dapo", "grpo", DAPO),
+                                          ("dapo_one_draw", "grpo", no_dynamic), ("ril", "ril", {})):
+            if name in runs:
+                results[name] = ours(name, student, processor, rows, answers, algorithm, args.steps, Path(tmp) / name,
+                                     args.micro_batch_tokens, **settings)
+        for name in ("dapo", "dapo_one_draw"):
+            if "dr_grpo" in results and name in results:
+                ratio = results[name]["seconds_per_step"] / results["dr_grpo"]["seconds_per_step"]
+                print(f"{name} / dr_grpo: {ratio:.2f}x the seconds per step")
         # the comparison: text-only prompts (the first QUESTIONS rows, one step's worth, repeated each step)
         text_rows = [Row(r.id, r.kind, r.question, r.answer, r.candidates, None) for r in rows[:QUESTIONS]]
-        results["dr_grpo_text"] = ours("dr_grpo text", student, processor, text_rows, {}, "dr_grpo", args.steps,
-                                       Path(tmp) / "text", args.micro_batch_tokens)
-        skip = "--no-trl" if args.no_trl else trl_missing()
+        if "dr_grpo_text" in runs:
+            results["dr_grpo_text"] = ours("dr_grpo text", student, processor, text_rows, {}, "dr_grpo", args.steps,
+                                           Path(tmp) / "text", args.micro_batch_tokens)
+        skip = "--no-trl" if args.no_trl else ("no dr_grpo_text run" if "dr_grpo_text" not in runs else trl_missing())
         if skip:
             print(f"TRL comparison skipped: {skip}")
         else:

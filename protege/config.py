@@ -334,6 +334,10 @@ class DataConfig(Section):
     columns: dict[str, str] = {}
     images: str | None = None         # the folder relative image paths resolve in (default: each file's folder)
     allow_outside_images: bool = False  # let image paths lead outside that folder (absolute paths, ../)
+    images_in_place: bool = False  # tables name your image files where they are, not a copy under data/imported
+    # processes per machine decoding the next batches' images while the model works (split between a stage's
+    # ranks); 2 keeps a GPU step fed from JPEGs of a few hundred pixels and costs two small processes; 0: in-process
+    workers: int = Field(2, ge=0, le=256, **affects(NOTHING))
 
     @model_validator(mode="after")
     def _files_named(self) -> "DataConfig":
@@ -550,6 +554,27 @@ class DiscPretrainConfig(Section):
 ADVANTAGE = r"^[a-z][a-z0-9_]*$"  # a module of protege/rl/estimators, checked against it when the stage starts
 
 
+class KLConfig(Section):
+    """The KL term to the reference (rl.kl_beta its coefficient)."""
+    estimator: Literal["k1", "k2", "k3", "low_var"] = "k3"
+    placement: Literal["loss", "reward"] = "loss"
+
+
+class OverlongConfig(Section):
+    """DAPO's overlong shaping of answers that reach max_new_tokens."""
+    filter: bool = False
+    penalty_window: int = Field(0, ge=0, le=1_000_000)
+    penalty: float = Field(1.0, ge=0, le=1000)
+
+
+class DynamicSamplingConfig(Section):
+    """DAPO's dynamic sampling: groups whose answers all score the same are replaced by fresh questions."""
+    max_draws: int = Field(0, ge=0, le=1000)
+
+
+LOSS_AGGREGATIONS = ("auto", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo")
+
+
 class RLConfig(SamplingConfig):
     algorithm: Literal["dr_grpo", "grpo", "ril"] = "ril"  # ril needs the teachers and disc_pretrain stages' outputs
     # the advantage estimator (protege/rl/estimators); null: the algorithm's own (ril: dr_grpo over its 2G group)
@@ -559,7 +584,22 @@ class RLConfig(SamplingConfig):
     group_size: int = Field(4, ge=2, le=1024)
     lr: float = Field(3e-4, gt=0, le=10)  # the tiny student's rate (a demo value: a 7B model wants ~1e-5)
     clip_eps: float = Field(0.2, gt=0, lt=1)
+    # DAPO's clip-higher: the ratio's clip range [1 - clip_eps_low, 1 + clip_eps_high]; null: clip_eps
+    clip_eps_low: float | None = Field(None, gt=0, lt=1, **affects(RESULTS, neutral=None))
+    clip_eps_high: float | None = Field(None, gt=0, le=10, **affects(RESULTS, neutral=None))
+    # how the per-token loss is averaged; auto: the algorithm's own (grpo: seq_mean_token_mean; dr_grpo, ril:
+    # dr_grpo)
+    loss_aggregation: Literal[LOSS_AGGREGATIONS] = Field("auto", **affects(RESULTS, neutral="auto"))
     kl_beta: float = Field(0.04, ge=0, le=1000)
+    kl: KLConfig = Field(KLConfig(), **affects(RESULTS, neutral=KLConfig()))
+    entropy_coef: float = Field(0.0, ge=0, le=1000, **affects(RESULTS, neutral=0.0))
+    # passes over each step's answers, and the optimizer steps each pass takes (its answers shuffled into this
+    # many mini-batches); pi_old is the policy that sampled, scored once before the first
+    ppo_epochs: int = Field(1, ge=1, le=1000, **affects(RESULTS, neutral=1))
+    mini_batches: int = Field(1, ge=1, le=1_000_000, **affects(RESULTS, neutral=1))
+    overlong: OverlongConfig = Field(OverlongConfig(), **affects(RESULTS, neutral=OverlongConfig()))
+    dynamic_sampling: DynamicSamplingConfig = Field(DynamicSamplingConfig(),
+                                                    **affects(RESULTS, neutral=DynamicSamplingConfig()))
     repetition_penalty: float = Field(1.05, gt=0, le=100)
     # the world's answers (account + final answer) are at most 15 tokens with the end of turn, and Dr.GRPO
     # divides by this length (a demo value: it truncates a real model's answers; set it to what yours need)
@@ -615,6 +655,19 @@ class RLConfig(SamplingConfig):
     def _judge_needs_model(self) -> "RLConfig":
         if self.judge == "llm" and (self.judge_model is None or self.judge_model.backend not in ("openai", "vllm")):
             raise ValueError("rl.judge 'llm' needs rl.judge_model with backend openai or vllm")
+        return self
+
+    @model_validator(mode="after")
+    def _dapo_settings_fit(self) -> "RLConfig":
+        window = self.overlong.penalty_window
+        if window and window >= self.max_new_tokens:
+            raise ValueError(f"rl.overlong.penalty_window ({window}) must be below rl.max_new_tokens "
+                             f"({self.max_new_tokens}): the penalty grows over the last penalty_window tokens "
+                             "before the cap")
+        rows = self.questions_per_step * self.group_size
+        if self.mini_batches > rows:
+            raise ValueError(f"rl.mini_batches ({self.mini_batches}) must be at most the answers of a step "
+                             f"(questions_per_step x group_size = {rows})")
         return self
 
 
@@ -945,6 +998,24 @@ class OrchestrationConfig(Section):
         return self.stage_pools.get(stage, self.default_pool)
 
 
+class TrackingConfig(Section):
+    """Where stages record their params and metrics. MLflow is always on: it is the record of lineage (which
+    run wrote which DVC output, the registered models), so a list without it is refused rather than quietly
+    extended. wandb and TensorBoard get the same params and metrics beside it (optional extras)."""
+    loggers: list[Literal["mlflow", "wandb", "tensorboard"]] = Field(default_factory=lambda: ["mlflow"],
+                                                                      **affects(NOTHING))
+
+    @field_validator("loggers")
+    @classmethod
+    def _mlflow_stays(cls, v: list[str]) -> list[str]:
+        if "mlflow" not in v:
+            raise ValueError(f"{v} leaves out mlflow: MLflow is always on (it records which run wrote which "
+                             "output and holds the model registry); keep it in the list, e.g. [mlflow, tensorboard]")
+        if len(set(v)) != len(v):
+            raise ValueError(f"{v} names a logger twice")
+        return v
+
+
 class Config(Section):
     seed: int = 0
     # torch threads per stage process; 0: torch's default (all cores)
@@ -964,6 +1035,7 @@ class Config(Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     promote: PromoteConfig = PromoteConfig()
     orchestration: OrchestrationConfig = OrchestrationConfig()
+    tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="after")
     def _files_need_a_model(self) -> "Config":

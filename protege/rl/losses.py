@@ -8,8 +8,9 @@ import torch
 
 
 def clipped_surrogate(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                      clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token PPO-clip loss -min(r A, clip(r, 1-eps, 1+eps) A), r = exp(logp - logp_old).
+                      clip_eps: float, clip_eps_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO-clip loss -min(r A, clip(r, 1-eps, 1+eps_high) A), r = exp(logp - logp_old); eps_high
+    None: eps (DAPO's clip-higher sets it above eps, so a rare token's ratio may grow further).
 
     logp, logp_old: [N, L]; advantages: [N] (one per sequence) or [N, L] (per token, e.g. per turn)
     -> (loss [N, L], clipped [N, L] bool: the clip was active).
@@ -17,14 +18,43 @@ def clipped_surrogate(logp: torch.Tensor, logp_old: torch.Tensor, advantages: to
     ratio = torch.exp(logp - logp_old)  # [N, L]
     adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)  # [N, L] or [N, 1]
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + high) * adv
     return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+# Estimators of KL(pi_theta || pi_ref) per sampled token, from the two log-probs of the token (Schulman's
+# "Approximating KL divergence"): [N, L] -> [N, L]. Sampled from pi_theta, k1 is unbiased but often negative,
+# k2 is biased and low-variance, k3 unbiased and never negative.
+def kl_k1(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """log pi - log pi_ref."""
+    return logp - logp_ref
+
+
+def kl_k2(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """(log pi - log pi_ref)^2 / 2."""
+    return 0.5 * (logp - logp_ref) ** 2
 
 
 def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi_theta || pi_ref): exp(d) - d - 1, d = logp_ref - logp. [N, L] -> [N, L]."""
     d = logp_ref - logp
     return torch.exp(d) - d - 1
+
+
+def kl_low_var(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """verl's low_var_kl: k3 with d clamped to [-20, 20] before the exp and the result to [-10, 10], so one token
+    the reference finds far likelier cannot blow the term (or its gradient) up."""
+    d = torch.clamp(logp_ref - logp, min=-20, max=20)
+    return torch.clamp(torch.exp(d) - d - 1, min=-10, max=10)
+
+
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "low_var": kl_low_var}
+
+
+# How the per-token loss becomes one number (verl's loss_agg_mode names). Each takes the whole batch's
+# normalisers, so a micro-batch's value is its share and the micro-batches' values add up to the batch's.
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo")
 
 
 def aggregate_dr_grpo(per_token: torch.Tensor, mask: torch.Tensor, max_len: int, rows: int | None = None) -> torch.Tensor:
@@ -37,39 +67,85 @@ def aggregate_dr_grpo(per_token: torch.Tensor, mask: torch.Tensor, max_len: int,
 
 
 def aggregate_grpo(per_token: torch.Tensor, mask: torch.Tensor, rows: int | None = None) -> torch.Tensor:
-    """GRPO: mean over sequences of each sequence's token mean. [N, L] -> scalar (with `rows`, the whole
-    batch's N: this micro-batch's share of that mean)."""
+    """GRPO (seq_mean_token_mean): mean over sequences of each sequence's token mean. [N, L] -> scalar (with
+    `rows`, the whole batch's N: this micro-batch's share of that mean)."""
     per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [N]
     return per_seq.sum() / (rows or per_seq.shape[0])
+
+
+def aggregate_seq_sum(per_token: torch.Tensor, mask: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+    """seq_mean_token_sum: mean over sequences of each sequence's token sum. [N, L] -> scalar."""
+    return (per_token * mask).sum(dim=1).sum() / (rows or per_token.shape[0])
+
+
+def aggregate_token_mean(per_token: torch.Tensor, mask: torch.Tensor, tokens: float | None = None) -> torch.Tensor:
+    """token_mean (DAPO's token-level loss): sum over every scored token / their number, so a long answer
+    weighs by its tokens. [N, L] -> scalar; `tokens`: the whole batch's count (this micro-batch's share)."""
+    return (per_token * mask).sum() / (mask.sum().clamp(min=1) if tokens is None else max(float(tokens), 1.0))
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, *, max_len: int, rows: int | None = None,
+              tokens: float | None = None) -> torch.Tensor:
+    """`per_token` [N, L] aggregated the way `how` (one of AGGREGATIONS) names -> scalar."""
+    if how == "dr_grpo":
+        return aggregate_dr_grpo(per_token, mask, max_len, rows)
+    if how == "seq_mean_token_mean":
+        return aggregate_grpo(per_token, mask, rows)
+    if how == "seq_mean_token_sum":
+        return aggregate_seq_sum(per_token, mask, rows)
+    if how == "token_mean":
+        return aggregate_token_mean(per_token, mask, tokens)
+    raise ValueError(f"unknown aggregation {how!r}; expected one of {', '.join(AGGREGATIONS)}")
 
 
 def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, clip_eps: float, kl_beta: float, aggregation: str,
                 max_len: int, rows: int | None = None, tokens: float | None = None,
-                is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate + beta * k3 KL, aggregated per `aggregation` ('dr_grpo' | 'grpo').
+                is_weights: torch.Tensor | None = None, clip_eps_high: float | None = None,
+                kl_estimator: str = "k3", loss_tokens: float | None = None, entropy: torch.Tensor | None = None,
+                entropy_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate + beta * KL (`kl_estimator`) - entropy_coef * entropy, aggregated per `aggregation`.
 
     logp, logp_old, logp_ref, mask: [N, L]; advantages: [N] or [N, L] -> (scalar loss, detached stats).
     `is_weights` [N, L] (detached) multiply the surrogate per token: the rollout engine's correction
-    (`rollout_is_weights`), 1 where the tokens were not sampled by another engine.
-    For a micro-batch of a larger batch, `rows` and `tokens` are the whole batch's sequences and scored
-    tokens: the loss and the stats are then this micro-batch's shares, which add up to the whole batch's.
+    (`rollout_is_weights`), 1 where the tokens were not sampled by another engine. `entropy` [N, L]: the
+    policy's entropy at each token, with its graph, for the bonus (aggregated as the rest of the loss, as verl
+    does). For a micro-batch of a larger batch, `rows` and `loss_tokens` are the whole batch's sequences and
+    scored tokens (over the ranks) the loss is normalised by, `tokens` this rank's scored tokens the stats
+    are: the loss and the stats are then this micro-batch's shares, which add up to the whole batch's.
     """
-    surrogate, clipped = clipped_surrogate(logp, logp_old, advantages, clip_eps)
+    surrogate, clipped = clipped_surrogate(logp, logp_old, advantages, clip_eps, clip_eps_high)
     if is_weights is not None:
         surrogate = surrogate * is_weights
-    kl = kl_k3(logp, logp_ref)
+    kl = KL_ESTIMATORS[kl_estimator](logp, logp_ref)
     per_token = surrogate + kl_beta * kl  # [N, L]
-    if aggregation == "dr_grpo":
-        loss = aggregate_dr_grpo(per_token, mask, max_len, rows)
-    elif aggregation == "grpo":
-        loss = aggregate_grpo(per_token, mask, rows)
-    else:
-        raise ValueError(f"unknown aggregation {aggregation!r}; expected 'dr_grpo' or 'grpo'")
+    if entropy is not None and entropy_coef:
+        per_token = per_token - entropy_coef * entropy
     n_tok = mask.sum().clamp(min=1) if tokens is None else max(float(tokens), 1.0)
+    loss = aggregate(per_token, mask, aggregation, max_len=max_len, rows=rows,
+                     tokens=loss_tokens if loss_tokens is not None else tokens)
     stats = {"kl": ((kl * mask).sum() / n_tok).detach(),
              "clip_fraction": ((clipped.float() * mask).sum() / n_tok).detach()}
     return loss, stats
+
+
+def turn_sums(per_token: torch.Tensor, mask: torch.Tensor, owner: torch.Tensor, turn: torch.Tensor, episodes: int,
+              turns: int) -> torch.Tensor:
+    """The masked per-token values summed per (episode, turn): per_token, mask, turn [N, L], owner [N] (each
+    row's episode) -> [episodes, turns]. PPO-RLHF's KL in the reward: each turn's reward pays beta times the
+    summed KL of its tokens."""
+    keep = mask.bool() & (turn >= 0)
+    cell = (owner.unsqueeze(1) * turns + turn.clamp(min=0))[keep]
+    out = torch.zeros(episodes * turns, dtype=per_token.dtype, device=per_token.device)
+    return out.index_add_(0, cell, per_token[keep]).view(episodes, turns)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, window: int, penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment (eq. 13), added to each answer's reward: 0 up to max_len - window tokens,
+    then falling linearly to -penalty at max_len, -penalty beyond. lengths: [N] answer tokens -> [N] float."""
+    start = max_len - window
+    over = (lengths.float() - start).clamp(min=0)
+    return -penalty * torch.clamp(over / window, max=1.0)
 
 
 def rollout_is_weights(logp_old: torch.Tensor, logp_rollout: torch.Tensor, sampled: torch.Tensor,

@@ -73,11 +73,13 @@ def open_session(policy, ref, processor, cfg, section: str, *, seed: int, out_di
     params = select_trainable(policy, cfg.trainable)
     objective = make_objective(cfg, policy, device, **(objective_context or {}))
     terms = guidance(policy, device, rng)
-    # constant by default (RIL's static rate); the schedule counts RL steps: the epochs of one step share a rate
+    # constant by default (RIL's static rate); the schedule counts RL steps: the optimizer steps of one RL step
+    # (its epochs times its mini-batches) share a rate
     beside = objective.modules()  # PPO's value head: in the DeepSpeed engine with the policy
     updater = make_updater(cfg.backend, policy, params + objective.parameters(), cfg.lr, cfg.zero_stage, device,
                            key=f"{section}.backend", clip=objective.max_grad_norm,
-                           lr_lambda=lr_lambda_for(cfg, objective.epochs), beside=beside)
+                           lr_lambda=lr_lambda_for(cfg, objective.epochs * objective.mini_batches),
+                           beside=beside)
     # what exact resume brings back, by name (the file names of a state folder), loaded in this order: every
     # weight before the optimizer, whose saved fp32 masters DeepSpeed's refresh from the weights must not undo
     parts = {"policy": Weights(updater), **{name: Weights(updater.weights_of(m)) for name, m in beside.items()},

@@ -4,10 +4,11 @@
                 of like length, each cut to its own longest row
     score_old   pi_old's log-probs, when a guidance term, a metric or the objective reads them before the update
     rewards     the judge or the environment, shaped by the guidance terms (RIL's discriminator, GTPO's shaping,
-                GTR-Turbo's KL to the merged teacher)
+                GTR-Turbo's KL to the merged teacher), and with kl.placement reward the KL to pi_ref
     advantages  the estimator's advantage per (episode, turn), spread per answer or per turn's tokens
-    update      the objective's passes over the micro-batches, one optimizer step each, guidance losses in the
-                first; a non-finite loss stops the run naming the step and the last good checkpoint
+    update      the objective's passes over its mini-batches (the whole batch unless rl.mini_batches), one
+                optimizer step each, guidance losses in the first; a non-finite loss stops the run naming the
+                step and the last good checkpoint
     after       guidance terms follow the new weights; a rollout engine takes them
     evaluate    the learning curve's point, before the save (a resumed run never misses one), under fork_rng
     save        checkpoint and training state, every save_every steps
@@ -18,11 +19,13 @@ their objective (rl/objectives/); what a run sets up once in its session (rl/ses
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import torch
 
+from protege.generation.row_seeds import row_seed
 from protege.models.student import save_student
 from protege.paths import checkpoint_dir
 from protege.rl.estimators import Returns
@@ -32,8 +35,11 @@ from protege.rl.rollouts.base import Rollout
 from protege.rl.sample import Sample
 from protege.rl.session import Session
 from protege.rollout.reference import reference
-from protege.rollout.trajectory import token_logprobs
-from protege.runtime.distributed import barrier, check_ranks_agree, mean_over_ranks
+from protege.rollout.trajectory import length_parts, token_logprobs
+from protege.runtime.distributed import (all_reduce_max, barrier, check_ranks_agree, mean_over_ranks, per_rank,
+                                         rows_per_rank)
+from protege.runtime.host_memory import release_free_host_memory
+from protege.runtime.updaters import even_forwards
 from protege.runtime.run import due
 
 
@@ -55,10 +61,14 @@ def rl_step(s: Session, rollout: Rollout, step: int) -> None:
     t0 = time.perf_counter()
     sample = rollout.sample(s, step)
     old = score_old(s, rollout, sample)
+    # PPO-RLHF's KL placement needs pi_ref before the advantages; otherwise it is scored after the rewards
+    ref = reference_logprobs(s, sample) if s.objective.kl_in_reward else None
     returns = shape_rewards(s, rollout.rewards(s, sample, old), sample.view)
+    if ref is not None:
+        returns = s.objective.kl_reward(sample, old, ref, returns)
     adv = rollout.spread(s, sample, s.advantage(returns, s.cfg))
     t_update = time.perf_counter()
-    batch = UpdateBatch.of(sample, old, returns, adv, reference_logprobs(s, sample), step)
+    batch = UpdateBatch.of(sample, old, returns, adv, reference_logprobs(s, sample) if ref is None else ref, step)
     totals = update(s, batch, step)
     t_sync = time.perf_counter()
     rollout.after_update(s)
@@ -97,24 +107,59 @@ def reference_logprobs(s: Session, sample: Sample) -> list[torch.Tensor | None]:
 
 
 def update(s: Session, batch: UpdateBatch, step: int) -> dict[str, float]:
-    """The objective's passes (PPO: ppo.epochs; else one), each micro-batch's loss backpropagated as its share
-    of the whole step's (across ranks) as it comes, one optimizer step per pass; the guidance terms' losses join
-    the first pass. Returns the last pass's sums (its loss includes the guidance losses when it is the first)."""
+    """The objective's passes (ppo.epochs, rl.ppo_epochs; else one), each of its mini-batches (rl.mini_batches;
+    else the whole batch) one optimizer step, each micro-batch's loss backpropagated as its share of the
+    mini-batch's (across ranks) as it comes; the guidance terms' losses join the first step. Returns the last
+    pass's sums: its figures of the whole batch, its loss the mean of its mini-batches' (with the guidance
+    losses when it is the first)."""
     s.objective.prepare(batch)
     for epoch in range(s.objective.epochs):
         totals = dict.fromkeys(("loss", *s.objective.stats), 0.0)
-        for i in range(len(batch.sample.parts)):
-            share, stats = s.objective.loss(s.policy, i, batch)
-            totals["loss"] += backward(s, share, step, "loss")
-            for key, value in stats.items():
-                totals[key] += float(value)
-        for term in s.guidance if epoch == 0 else []:
-            for extra in term.loss(batch.sample.view):
-                totals["loss"] += backward(s, extra, step, "guidance loss")
-        totals["grad_norm"] = s.updater.step()  # before its clip
+        minis = mini_batches(s, batch, step, epoch)
+        for m, mini in enumerate(minis):
+            for i in range(len(mini.sample.parts)):
+                share, stats = s.objective.loss(s.policy, i, mini)
+                totals["loss"] += backward(s, share, step, "loss")
+                for key, value in stats.items():
+                    totals[key] += float(value)
+            for term in s.guidance if epoch == 0 and m == 0 else []:
+                for extra in term.loss(batch.sample.view):
+                    totals["loss"] += backward(s, extra, step, "guidance loss")
+            totals["grad_norm"] = s.updater.step()  # before its clip
+        if len(minis) > 1:
+            totals["loss"] /= len(minis)
         run_hooks(s, "after_epoch", batch.sample.metrics)
     run_hooks(s, "after_update", batch.sample.metrics)  # the merged teacher merges the new weights in
     return totals
+
+
+def mini_batches(s: Session, batch: UpdateBatch, step: int, epoch: int) -> list[UpdateBatch]:
+    """The step's batch as the objective's mini-batches for one pass: its rows shuffled (seeded by the run's
+    seed, the step and the pass, so a resumed run shuffles alike) and dealt into that many, each regrouped by
+    length into micro-batches. Each is normalised by its own rows and tokens (the loss of an optimizer step is
+    its mini-batch's), its figures by the whole batch's tokens (the pass's figures are their sum). Every rank
+    takes as many optimizer steps: with fewer rows than mini-batches on some rank, that many."""
+    sample, n = batch.sample, batch.sample.batch.n
+    k = min(s.objective.mini_batches, n)
+    if k > 1 and s.world_size > 1:
+        k = -int(all_reduce_max(torch.tensor(-k)))
+    if k <= 1:
+        return [batch]
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(row_seed(s.seed, step, "mini_batches",
+                                                                               epoch, s.rank)))
+    ref = None if batch.logp_ref[0] is None else sample.whole(batch.logp_ref)
+    out = []
+    for chunk in torch.tensor_split(order, k):
+        rows = sorted(chunk.tolist())
+        parts, groups = length_parts(sample.batch.select(rows, s.processor), s.tokens_per_forward, s.processor,
+                                     even_forwards(s.updater))
+        mini = dataclasses.replace(sample, parts=[p.to(s.device) for p in parts],
+                                   rows=[[rows[j] for j in g] for g in groups])
+        tokens = float(sample.mask[rows].sum())
+        out.append(dataclasses.replace(
+            batch, sample=mini, rows=rows_per_rank(len(rows)), loss_tokens=per_rank(tokens),
+            logp_ref=[None if ref is None else mini.take(i, ref) for i in range(len(parts))]))
+    return out
 
 
 def backward(s: Session, share: torch.Tensor, step: int, what: str) -> float:
@@ -149,6 +194,7 @@ def save(s: Session, step: int, cursor: dict) -> None:
     every checkpoint_every of those saves and at the last."""
     if not due(step, s.cfg.save_every, s.cfg.steps):
         return
+    release_free_host_memory()  # the update's freed temporaries, before the save's copies
     if due(step, s.cfg.save_every * s.cfg.checkpoint_every, s.cfg.steps):
         s.saved.append(checkpoint_dir(s.out_dir, step))
         with s.updater.gathered():

@@ -44,7 +44,7 @@ def agent(out_dir: Path, zero_stage: int, steps: int, tag: str) -> None:
 
 
 def main(out: str, algorithm: str, zero_stage: int, steps: int = 2, stop_after: int | None = None,
-         state: bool = False, tag: str = "", micro: int | None = None) -> None:
+         state: bool = False, tag: str = "", micro: int | None = None, settings: dict | None = None) -> None:
     out_dir = Path(out)
     if algorithm == "agent":
         return agent(out_dir, zero_stage, steps, tag)
@@ -63,7 +63,8 @@ def main(out: str, algorithm: str, zero_stage: int, steps: int = 2, stop_after: 
     torch.manual_seed(1)
     disc = Discriminator(build_student(ModelConfig(), processor, seed=0).model) if algorithm == "ril" else None
     cfg = RLConfig(algorithm=algorithm, steps=steps, questions_per_step=2, group_size=2, max_new_tokens=4, lr=1e-3,
-                   save_every=2, backend="deepspeed", zero_stage=zero_stage, micro_batch_tokens=micro)
+                   save_every=2, backend="deepspeed", zero_stage=zero_stage, micro_batch_tokens=micro,
+                   **(settings or {}))
     logs = []
     ckpt = out_dir / f"ckpt{tag}"
     run_rl(student, ref, processor, RLInputs(rows, answers, disc), cfg, ckpt, seed=0,
@@ -99,5 +100,6 @@ if __name__ == "__main__":
     ap.add_argument("--state", action="store_true", help="save / resume the full training state")
     ap.add_argument("--tag", default="", help="suffix of this run's output files")
     ap.add_argument("--micro", type=int, help="micro_batch_tokens (default: derived)")
+    ap.add_argument("--settings", type=json.loads, default={}, help="more rl settings, as JSON")
     a = ap.parse_args()
-    main(a.out, a.algorithm, a.zero_stage, a.steps, a.stop_after, a.state, a.tag, a.micro)
+    main(a.out, a.algorithm, a.zero_stage, a.steps, a.stop_after, a.state, a.tag, a.micro, a.settings)

@@ -3,6 +3,7 @@ logits' log-softmax, and for every loop the gradients of a step split into micro
 batch's (float tolerance): grpo, dr_grpo and ril in the question loop, ppo, gtpo and grpo in the multi-turn
 loop, SFT and discriminator pretraining."""
 import copy
+import zlib
 
 import pytest
 import torch
@@ -375,3 +376,54 @@ def test_weights_reach_the_engine_one_tensor_at_a_time(tiny_student):
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want)
     assert any(not torch.equal(want[k], v) for k, v in tiny_student.state_dict().items() if k in want)
+
+
+def by_question(questions, references, responses):
+    """Alike for every answer of about half the questions (groups dynamic sampling drops), varied for the rest."""
+    return [0.0 if zlib.crc32(q.encode()) % 3 == 0 else len(set(r)) / 10 for q, r in zip(questions, responses)]
+
+
+@pytest.mark.parametrize("settings", [
+    {"loss_aggregation": "token_mean"}, {"loss_aggregation": "seq_mean_token_mean"},
+    {"loss_aggregation": "seq_mean_token_sum"}, {"loss_aggregation": "dr_grpo"},
+    {"ppo_epochs": 2, "mini_batches": 2, "clip_eps_high": 0.28}, {"entropy_coef": 0.01},
+    {"kl": {"estimator": "low_var", "placement": "reward"}},
+    {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "loss_aggregation": "token_mean", "kl_beta": 0.0,
+     "overlong": {"filter": True, "penalty_window": 2}, "dynamic_sampling": {"max_draws": 3}},
+], ids=["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo", "epochs_and_mini_batches",
+        "entropy", "kl_in_reward", "dapo"])
+def test_question_loop_settings_do_not_depend_on_the_split(tiny_student, tiny_processor, tiny_world, tmp_path,
+                                                           step_grads, settings):
+    """Each aggregation normalises by the whole step's answers and tokens, not a micro-batch's; several
+    optimizer steps per batch regroup each mini-batch by length and stay equal step by step. RIL's group:
+    its teachers' answers of two lengths beside the student's cut ones, so the aggregations differ."""
+    rows = load_rows(tiny_world / "rl.parquet")[:6]
+    answers = {r.id: [("concise", f"{r.answer}."), ("verbose", f"The answer is {r.answer}, as counted.")] * 2
+               for r in rows}
+    torch.manual_seed(1)
+    disc = Discriminator(copy.deepcopy(tiny_student.model))
+    torch.nn.init.normal_(disc.head.weight, std=0.5)
+    runs = []
+    for tokens in (None, ONE_ROW):
+        step_grads.clear()
+        cfg = RLConfig(**{**BASE, "steps": 2}, algorithm="ril", micro_batch_tokens=tokens, similarity="continuous",
+                       **settings)
+        logs = []
+        run_rl(copy.deepcopy(tiny_student), copy.deepcopy(tiny_student), tiny_processor,
+               RLInputs(rows, answers, copy.deepcopy(disc), judge=by_question), cfg, tmp_path / str(tokens), seed=0,
+               on_log=lambda s, m: logs.append(m))
+        runs.append((list(step_grads), logs))
+    (whole, l_whole), (micro, l_micro) = runs
+    assert l_whole[-1]["micro_batches"] == 1 and l_micro[-1]["micro_batches"] > 1
+    passes = settings.get("ppo_epochs", 1) * settings.get("mini_batches", 1)
+    assert len(whole) == 2 * (1 + passes)  # each RL step: the discriminator's, then one per mini-batch per pass
+    # the second RL step starts from weights that already differ by float noise (Adam moves a parameter with a
+    # gradient near 0 by about lr whatever its sign): the first step's optimizer steps are the check, the
+    # second step's figures (a KL in the rewards is 0 until the policy has moved) a looser one
+    assert_same_grads(whole, micro, steps=1 + passes)
+    for m_whole, m_micro, rel in zip(l_whole, l_micro, (1e-4, 1e-3)):
+        for key in ("loss", "kl", "entropy", "clip_fraction", "reward"):
+            assert m_micro[key] == pytest.approx(m_whole[key], rel=rel, abs=1e-6)
+    if "dynamic_sampling" in settings:
+        assert all(m["dynamic_sampling_groups"] == BASE["questions_per_step"] for m in l_whole)
+        assert any(m["dynamic_sampling_dropped"] > 0 for m in l_whole)

@@ -15,7 +15,7 @@ import torch
 from protege.rl.estimators.base import Returns
 from protege.rl.sample import Sample
 from protege.rollout.trajectory import Trajectory, token_logprobs
-from protege.runtime.distributed import rows_per_rank
+from protege.runtime.distributed import per_rank, rows_per_rank
 
 
 @dataclass
@@ -46,6 +46,7 @@ class UpdateBatch:
     tokens: float                         # this rank's scored tokens (the stats' denominator)
     step: int = 0                         # the RL step (1-based) this update belongs to
     prepared: dict = field(default_factory=dict)  # an objective's per-step tensors (PPO's GAE targets)
+    loss_tokens: float | None = None      # the global batch's scored tokens / ranks: token_mean's normaliser
 
     @classmethod
     def of(cls, sample: Sample, old: Old | None, returns: Returns | None, adv: Advantage,
@@ -53,11 +54,15 @@ class UpdateBatch:
         """DeepSpeed averages the ranks' gradients, and a step's rows need not split evenly (8 questions on 3 ranks:
         3/3/2), so each rank divides its summed loss by the global batch's rows over the ranks, never by its own
         rows: the average over ranks is then exactly the gradient one process takes of the whole batch."""
-        return cls(sample, old, returns, adv, logp_ref, rows_per_rank(sample.batch.n), float(sample.mask.sum()), step)
+        tokens = float(sample.mask.sum())
+        return cls(sample, old, returns, adv, logp_ref, rows_per_rank(sample.batch.n), tokens, step,
+                   loss_tokens=per_rank(tokens))
 
 
 class Objective:
-    epochs: int = 1            # passes over the step's batch, one optimizer step each
+    epochs: int = 1            # passes over the step's batch
+    mini_batches: int = 1      # optimizer steps per pass, each on its share of the batch's rows (shuffled)
+    kl_in_reward: bool = False  # the KL to pi_ref is taken off the rewards (`kl_reward`), not added to the loss
     needs_old: bool = False    # score pi_old before the update even when no rollout or guidance term reads it
     max_grad_norm: float = 1.0
     stats: tuple[str, ...] = ("kl", "clip_fraction")  # the micro-batch figures the step sums and logs
@@ -78,6 +83,10 @@ class Objective:
 
     def prepare(self, batch: UpdateBatch) -> None:
         """Per-step tensors every micro-batch reads (into `batch.prepared`)."""
+
+    def kl_reward(self, sample: Sample, old: Old, logp_ref: list[torch.Tensor], returns: Returns) -> Returns:
+        """The returns with the KL to pi_ref taken off the rewards (`kl_in_reward` objectives)."""
+        raise NotImplementedError
 
     def loss(self, policy, i: int, batch: UpdateBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         """Micro-batch i's share of the step's loss, and its share of each figure in `stats`."""
