@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile | $(BIN)/python
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && (apt-get install -y -q bubblewrap || (apt-get update -q && apt-get install -y -q bubblewrap)); } || echo "bubblewrap not installed: tool environments refuse to run without it (see README)"
 	$(BIN)/pip install --upgrade pip wheel setuptools
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e .
+	$(BIN)/pip install -e '.[tensorboard,wandb]'
 	$(BIN)/pip install pytest pytest-xdist ninja pyflakes
 	$(BIN)/pip install --no-build-isolation "deepspeed>=0.18,<0.20"
 	touch $(STAMP)

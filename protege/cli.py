@@ -125,7 +125,7 @@ def stage(name: str = typer.Argument(..., help="stage name, as in dvc.yaml"),
         if note:
             typer.echo(f"{name}: {note}", err=True)
         provenance.set_current(stage_record(name, cfg, root))
-        with tracking.stage_run(name, root) as run:
+        with tracking.stage_run(name, root, cfg.tracking) as run:
             run.log_metrics({"process_startup_s": _process_age_s()})  # imports etc. before the run opened
             _note_restart(name, run)
             module.run(cfg, root, run)
@@ -513,7 +513,7 @@ def eval_run(model: Path = typer.Option(..., help="a student checkpoint folder (
         net, processor = load_student(model)
     except (UserFacingError, FileNotFoundError, OSError) as exc:
         _fail(str(exc), code=1)
-    with tracking.stage_run("eval-run", root) as run:
+    with tracking.stage_run("eval-run", root, cfg.tracking) as run:
         run.log_params({**ev.model_dump(exclude={"judge"}), "model": str(model), "label": label}, "eval.")
         summary = evaluate_model(net, processor, suite, ev, out / label, completer_for(ev.judge, root, cfg.seed),
                                  cfg.seed, log=lambda m: typer.echo(f"{label} {m}", err=True), grader=grader)

@@ -1,7 +1,9 @@
 """MLflow helpers: the only module that talks to MLflow.
 
 MLflow's active run is thread-local and each stage is its own process, so the pipeline's parent run id
-travels in the environment (PROTEGE_PARENT_RUN_ID) and every stage opens its own nested run.
+travels in the environment (PROTEGE_PARENT_RUN_ID) and every stage opens its own nested run. A stage run
+also samples system metrics, and copies its params and metrics to the loggers `tracking.loggers` adds
+(wandb, TensorBoard); MLflow stays the record of lineage.
 """
 from __future__ import annotations
 
@@ -121,8 +123,11 @@ def content_md5(path: Path) -> str:
 
 
 class StageRun:
-    def __init__(self, mlflow, run, project_dir: Path):
+    """The stage's MLflow run; params, metrics and tags also go to the other loggers `tracking.loggers` names."""
+
+    def __init__(self, mlflow, run, project_dir: Path, loggers: list | None = None):
         self.mlflow, self.run, self.project_dir = mlflow, run, Path(project_dir)
+        self.loggers = list(loggers or [])
 
     @property
     def run_id(self) -> str:
@@ -131,12 +136,27 @@ class StageRun:
     def log_params(self, params: dict[str, Any], prefix: str = "") -> None:
         flat = _flatten(params, prefix)
         self.mlflow.log_params({k: str(v)[:500] for k, v in flat.items()})
+        self._fan_out("log_params", flat)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+        values = {k: float(v) for k, v in metrics.items()}
+        self.mlflow.log_metrics(values, step=step)
+        self._fan_out("log_metrics", values, step)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.mlflow.set_tags(tags)
+        self._fan_out("set_tags", {k: str(v) for k, v in tags.items()})
+
+    def _fan_out(self, method: str, *args) -> None:
+        """A dashboard that stops accepting (a full disk, a dropped wandb service) is dropped with a warning:
+        MLflow holds the record, and the stage's work must not be lost to a second copy of its figures."""
+        for logger in list(self.loggers):
+            try:
+                getattr(logger, method)(*args)
+            except Exception as exc:  # noqa: BLE001 - any failure of an optional logger
+                self.loggers.remove(logger)
+                print(f"warning: {logger.name}: stopped logging this run ({type(exc).__name__}: {exc}); "
+                      "MLflow still records it", file=sys.stderr)
 
     def log_input(self, path: str | Path, context: str) -> None:
         """Logs a dataset or checkpoint this stage reads, with DVC's hash as its digest."""
@@ -191,18 +211,196 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# --- system metrics and the loggers beside MLflow (tracking.loggers) ----------------------------------------------
+
+# One sample every 15 s, two averaged into each logged point: a point every 30 s is 120 an hour per metric,
+# fine-grained enough to see a stall or a memory climb in a stage of hours without filling the store.
+# MLflow's own variables (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL, ..._SAMPLES_BEFORE_LOGGING) win when set.
+SYSTEM_METRICS_INTERVAL_S = 15.0
+SYSTEM_METRICS_SAMPLES = 2
+LOG_DIR = "logs"  # under the project: logs/tensorboard/<stage>/<run id>, logs/wandb
+EXTRAS = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboard")}  # logger: (module, extra)
+
+
+def system_metrics_on() -> bool:
+    """On unless MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING says false; sets protege's sampling defaults."""
+    import logging
+
+    from mlflow.environment_variables import (MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING,
+                                              MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING,
+                                              MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL)
+
+    if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING.defined and not MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING.get():
+        return False
+    if not MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL.defined:
+        MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL.set(SYSTEM_METRICS_INTERVAL_S)
+    if not MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING.defined:
+        MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING.set(SYSTEM_METRICS_SAMPLES)
+    # its start/stop and "no GPU monitor" notes would print at INFO in every stage's output
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+    return True
+
+
+def tracking_settings(project_dir: Path):
+    """The `tracking` section of the project's params.yaml (its defaults where there is none)."""
+    from pydantic import ValidationError
+
+    from protege.config import ConfigError, TrackingConfig, read_params
+
+    path = Path(project_dir) / "params.yaml"
+    if not path.is_file():
+        return TrackingConfig()
+    section = read_params(path)[0].get("tracking") or {}
+    try:
+        return TrackingConfig.model_validate(section)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ConfigError(f"{path}: tracking.{'.'.join(map(str, first['loc']))}: "
+                          f"{first['msg'].removeprefix('Value error, ')}") from None
+
+
+def check_loggers(names: list[str]) -> None:
+    """Each logger's package is installed; else one line naming the extra that brings it."""
+    import importlib.util
+
+    from protege.errors import UserFacingError
+
+    for name in names:
+        if name in EXTRAS and importlib.util.find_spec(EXTRAS[name][0]) is None:
+            module, extra = EXTRAS[name]
+            raise UserFacingError(f"tracking.loggers lists {name}, but the {module} package is not installed: "
+                                  f"pip install -e '.[{extra}]' (or take {name} out of tracking.loggers)")
+
+
+def open_loggers(names: list[str], project_dir: Path, stage: str, run_id: str, parent: str | None) -> list:
+    """The loggers other than MLflow, each holding one run for this stage run (named after the stage, keyed
+    by the MLflow run id so the two can be matched)."""
+    opened: list = []
+    try:
+        for name in names:
+            if name == "tensorboard":
+                opened.append(TensorBoardLogger(Path(project_dir) / LOG_DIR / "tensorboard" / stage / run_id))
+            elif name == "wandb":
+                opened.append(WandbLogger(Path(project_dir) / LOG_DIR, stage, run_id, parent))
+    except BaseException:
+        for logger in opened:
+            logger.close(True)
+        raise
+    return opened
+
+
+def _scalar(value: Any) -> bool | int | float | str | None:
+    return value if value is None or isinstance(value, (bool, int, float, str)) else json.dumps(value, default=str)
+
+
+class TensorBoardLogger:
+    """Metrics as scalars; params as the run's hparams (TensorBoard's HPARAMS tab, beside the last value
+    of each metric) and as a text table, written when the run closes, once all are known."""
+    name = "tensorboard"
+
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = Path(log_dir)
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        self.params: dict[str, Any] = {}
+        self.tags: dict[str, str] = {}
+        self.last: dict[str, float] = {}
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self.params.update(params)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, global_step=step)
+            self.last[key] = value
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.tags.update(tags)
+
+    def close(self, failed: bool) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        try:
+            if self.params:
+                # the metric names point the HPARAMS tab at the scalars already written (no second copy)
+                for summary in hparams({k: "null" if v is None else _scalar(v) for k, v in self.params.items()},
+                                       {k: 0.0 for k in self.last}):
+                    self.writer.file_writer.add_summary(summary)
+                self.writer.add_text("params", _markdown_table(self.params))
+            if self.tags or failed:
+                self.writer.add_text("tags", _markdown_table({**self.tags, **({"status": "FAILED"} if failed else {})}))
+        finally:
+            self.writer.close()
+
+
+def _markdown_table(values: dict[str, Any]) -> str:
+    rows = "\n".join(f"| {k} | {str(v).replace('|', '/')} |" for k, v in sorted(values.items()))
+    return "| setting | value |\n|---|---|\n" + rows
+
+
+def wandb_mode() -> str:
+    """WANDB_MODE when set; else online only with an API key in the environment: a machine without one
+    (CI, a cluster node) keeps the run on disk for `wandb sync` instead of failing the stage."""
+    return os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+
+
+class WandbLogger:
+    """One wandb run per stage run: named after the stage, its id the MLflow run id, grouped by the pipeline's
+    parent run. Steps go to a `step` metric rather than wandb's own counter, which drops any point logged
+    at a step lower than the last (a final evaluation logged without a step after the training steps)."""
+    name = "wandb"
+
+    def __init__(self, log_dir: Path, stage: str, run_id: str, parent: str | None):
+        import wandb
+
+        log_dir = Path(log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        project = os.environ.get("WANDB_PROJECT") or os.environ.get(EXPERIMENT_ENV, DEFAULT_EXPERIMENT)
+        self.run = wandb.init(project=project, name=stage, id=run_id, group=parent or run_id, job_type=stage,
+                              dir=str(log_dir), mode=wandb_mode(), tags=[stage],
+                              # console capture would wrap the stage's own output and progress lines
+                              settings=wandb.Settings(console="off", silent=True))
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self.run.config.update({k: _scalar(v) for k, v in params.items()}, allow_val_change=True)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None) -> None:
+        self.run.log({**metrics, **({"step": step} if step is not None else {})})
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.run.config.update({f"tag.{k}": v for k, v in tags.items()}, allow_val_change=True)
+
+    def close(self, failed: bool) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
+
+
 @contextmanager
-def stage_run(stage: str, project_dir: Path) -> Iterator[StageRun]:
+def stage_run(stage: str, project_dir: Path, settings=None) -> Iterator[StageRun]:
     """A nested run under the pipeline's parent run, or a top-level run when a stage runs alone. Under a
-    multi-process launcher (torchrun) only rank 0 records the stage; the other ranks get a QuietRun."""
+    multi-process launcher (torchrun) only rank 0 records the stage; the other ranks get a QuietRun.
+    `settings`: the `tracking` section (read from the project's params.yaml when not given). MLflow samples
+    the machine's CPU, memory, disk, network (and GPUs, with nvidia-ml-py) as `system/...` metrics."""
     if int(os.environ.get("RANK", "0") or 0) > 0:
         yield QuietRun()
         return
+    names = list((settings or tracking_settings(project_dir)).loggers)
+    check_loggers(names)  # a missing extra fails the stage before it opens a run or starts work
     mlflow = _mlflow(project_dir)
     parent = os.environ.get(PARENT_ENV) or None
-    with mlflow.start_run(run_name=stage, parent_run_id=parent, tags={"protege.stage": stage}) as run:
-        yield StageRun(mlflow, run, project_dir)
-        _tag_stage_outputs(mlflow, project_dir, stage)
+    with mlflow.start_run(run_name=stage, parent_run_id=parent, tags={"protege.stage": stage},
+                          log_system_metrics=system_metrics_on()) as run:
+        loggers = open_loggers(names, project_dir, stage, run.info.run_id, parent)
+        failed = True
+        try:
+            yield StageRun(mlflow, run, project_dir, loggers)
+            _tag_stage_outputs(mlflow, project_dir, stage)
+            failed = False
+        finally:
+            for logger in loggers:
+                logger.close(failed)
 
 
 def start_parent_run(project_dir: Path, name: str, tags: dict[str, str] | None = None) -> str:

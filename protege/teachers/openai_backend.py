@@ -1,7 +1,10 @@
 """A teacher behind any OpenAI-compatible chat-completions server (vLLM serve, TGI, hosted APIs).
 
-Async with a concurrency limit, a per-request timeout, and retries with exponential backoff and jitter
-on 429, 5xx, timeouts and dropped connections. Other 4xx answers are the caller's mistake: no retry.
+Async with a concurrency limit, a per-request timeout, and retries on 429, 5xx, timeouts and dropped
+connections: after a 429 or 503 that carries `Retry-After` (seconds or an HTTP date) it waits what the server
+asked for, at most `retry_after_cap_s`; otherwise exponential backoff with jitter, at most `backoff_cap_s`.
+Other 4xx answers are the caller's mistake: no retry. A request that fails for good says its URL, the last
+status or error and how many attempts it made.
 The answer is read by `reply_text` from the reply shapes such servers send; a reply without answer text
 is a failure that says which field was empty (`EmptyReply`), never an empty answer.
 """
@@ -9,22 +12,46 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import email.utils
 import functools
+import math
 import mimetypes
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import timezone
 from pathlib import Path
 
 from protege.teachers.backends import Outcome, SamplingParams, TeacherAnswer, TeacherFailure, TeacherRequest
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+RETRY_AFTER_STATUS = {429, 503}  # where a server's Retry-After says when it will take the request
 
 
 class _Retryable(Exception):
-    pass
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def retry_after_s(value: str | None, now: float) -> float | None:
+    """The wait a `Retry-After` header asks for, in seconds: delta-seconds or an HTTP date (a date already
+    past is no wait); None when the header is absent or unreadable, so the caller falls back to backoff."""
+    if not value or not value.strip():
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value.strip())
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # HTTP dates are GMT; an obsolete form without a zone is too
+            when = when.replace(tzinfo=timezone.utc)
+        seconds = when.timestamp() - now
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 class EmptyReply(ValueError):
@@ -115,8 +142,14 @@ class OpenAITeacher:
     max_retries: int = 5
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
+    # a server may ask for minutes; past this we try again sooner and let it answer 429 again, which costs
+    # one of the max_retries attempts rather than leaving a stage waiting on one header
+    retry_after_cap_s: float = 60.0
     revision: str = ""
     seed: int = 0
+    # injectable so tests can check the waits without spending them
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False, compare=False)
+    clock: Callable[[], float] = field(default=time.time, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.revision = self.revision or self.model
@@ -142,24 +175,36 @@ class OpenAITeacher:
         """Exponential backoff with jitter: uniform in [0.5, 1.5) x base x 2^attempt, capped."""
         return min(self.backoff_cap_s, self.backoff_base_s * 2 ** attempt) * (0.5 + self._rng.random())
 
+    def wait_before_retry(self, attempt: int, asked_s: float | None) -> float:
+        """What the server asked for (capped) when it said, else backoff. Up to 10% is added to an asked
+        wait: requests turned away together would otherwise all come back in the same instant."""
+        if asked_s is None:
+            return self.backoff(attempt)
+        return min(asked_s, self.retry_after_cap_s) * (1.0 + 0.1 * self._rng.random())
+
     async def _one(self, session, r: TeacherRequest) -> Outcome:
         import aiohttp
 
         url = self.base_url.rstrip("/") + "/chat/completions"
         payload = self._payload(r)
-        last_error = ""
-        for attempt in range(self.max_retries + 1):
+        attempts = self.max_retries + 1
+        last_error, wait = "", 0.0
+        for attempt in range(attempts):
             if attempt:
-                await asyncio.sleep(self.backoff(attempt - 1))
+                await self.sleep(wait)
             t0 = time.perf_counter()
             try:
                 self.requests_sent += 1
                 async with session.post(url, json=payload, headers=self._headers(),
                                         timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
                     if resp.status in RETRY_STATUS:
-                        raise _Retryable(f"HTTP {resp.status}")
+                        header = resp.headers.get("Retry-After") if resp.status in RETRY_AFTER_STATUS else None
+                        asked = retry_after_s(header, self.clock())
+                        raise _Retryable(f"HTTP {resp.status}" + (f" (Retry-After: {header})" if header else ""),
+                                         asked)
                     if resp.status >= 400:
-                        return TeacherFailure(r.key, f"HTTP {resp.status}: {(await resp.text())[:200]}", attempt + 1)
+                        return TeacherFailure(r.key, f"HTTP {resp.status} from {url}, not retried: "
+                                                     f"{(await resp.text())[:200]}", attempt + 1)
                     body = await resp.json()
                 text = reply_text(body)
                 choice = body["choices"][0]
@@ -167,14 +212,16 @@ class OpenAITeacher:
                 return TeacherAnswer(r.key, text.strip(), time.perf_counter() - t0,
                                      int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
                                      "length" if choice.get("finish_reason") == "length" else "stop")
-            except (_Retryable, asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-                last_error = str(exc) or type(exc).__name__
+            except _Retryable as exc:
+                last_error, wait = str(exc), self.wait_before_retry(attempt, exc.retry_after_s)
+            except (asyncio.TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                last_error, wait = str(exc) or type(exc).__name__, self.backoff(attempt)
             except EmptyReply as exc:
                 # the same request at temperature 0 would come back empty again: report it, do not retry
                 return TeacherFailure(r.key, str(exc), attempt + 1, "truncated" if exc.truncated else "empty")
             except (KeyError, IndexError, ValueError, aiohttp.ContentTypeError) as exc:
                 return TeacherFailure(r.key, f"malformed response: {exc!r}", attempt + 1)
-        return TeacherFailure(r.key, f"gave up after {self.max_retries + 1} attempts: {last_error}", self.max_retries + 1)
+        return TeacherFailure(r.key, f"{last_error} from {url}; gave up after {attempts} attempt(s)", attempts)
 
     async def _run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None:
         import aiohttp
