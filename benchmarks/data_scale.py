@@ -21,6 +21,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PASS = re.compile(r"^.*?(?=\S+: [\d,]+/[\d,]+ )")  # a stage's closing progress line, from its pass's name on
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 20)}
 SIDE = 256
 
@@ -172,7 +174,8 @@ for line in p.stdout:
     if first is None and sys.argv[2] and __import__("re").search(sys.argv[2], line):
         first = time.perf_counter() - t0
 rc = p.wait()
-print(json.dumps({"rc": rc, "seconds": time.perf_counter() - t0, "first_step_s": first,
+finals = [ln.strip() for ln in lines if "in all)" in ln]  # each pass's closing progress line
+print(json.dumps({"rc": rc, "seconds": time.perf_counter() - t0, "first_step_s": first, "finals": finals,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
                   "tail": "".join(lines[-40:])}))
 """
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     with open(proj / "dvc.yaml") as f:
         stages = set(__import__("yaml").safe_load(f)["stages"])
     rows = {"data": args.rows + args.parquet_rows + 500, "validate": args.rows + args.parquet_rows + 500,
-            "sft": args.rows, "curate": args.parquet_rows}
+            "curate": args.parquet_rows}  # sft reads its table, then trains a few steps: no rate over rows
     summary = {}
     for name in ("data", "validate", "pool", "sft", "curate"):
         if name not in stages:
@@ -210,11 +213,14 @@ def main(argv: list[str] | None = None) -> None:
                          "rows_per_s": round(n / r["seconds"], 1) if n else None,
                          "peak_rss_mib": round(r["peak_rss_mib"], 1),
                          **({"first_step_s": round(r["first_step_s"], 1) if r["first_step_s"] else None}
-                            if name == "sft" else {})}
+                            if name == "sft" else {}),
+                         "passes": [PASS.sub("", ln) for ln in r["finals"]]}
         s = summary[name]
         print(f"{name:>9}: {s['seconds']:8.1f} s  peak RSS {s['peak_rss_mib']:8.1f} MiB"
               + (f"  {s['rows_per_s']:9.1f} rows/s over {n:,} rows" if n else "")
               + (f"  first logged step after {s['first_step_s']} s" if name == "sft" else ""), flush=True)
+        for line in s["passes"]:
+            print(f"{'':>11}{line}", flush=True)
     print(json.dumps({"part": "data_scale", "rows": args.rows, "parquet_rows": args.parquet_rows, **summary}))
 
 
