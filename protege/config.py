@@ -6,6 +6,7 @@ to a default.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Literal, get_args
@@ -572,6 +573,17 @@ class DynamicSamplingConfig(Section):
     max_draws: int = Field(0, ge=0, le=1000)
 
 
+class RewardSpec(Section):
+    """One term of rl.rewards: weight x a function's reward for each answer."""
+    # a NaN or infinite weight is reported by RLConfig, naming the entry
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True)
+    function: str     # "package.module:function", or judge (rl.judge's verdict)
+    weight: float = 1.0
+
+
+REWARD_FUNCTION = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
 LOSS_AGGREGATIONS = ("auto", "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "dr_grpo")
 
 
@@ -625,6 +637,8 @@ class RLConfig(SamplingConfig):
     judge: Literal["rule", "llm"] = "rule"
     judge_model: TeacherSpec | None = None        # judge: llm -> a text backend (openai or vllm)
     max_missing_fraction: float = Field(0.1, ge=0, le=1)  # questions without teacher answers: skip, or fail above this
+    # the answer reward as a weighted sum of functions (protege/rewards/functions.py); empty: the judge alone
+    rewards: list[RewardSpec] = Field([], max_length=64, **affects(RESULTS, neutral=[]))
     # generation: vllm samples in bf16 what the policy scores in its own precision: tis weights each sampled
     # token's surrogate by min(pi_old / pi_vllm, tis_cap) (truncated importance sampling); none trusts the engine
     rollout_correction: Literal["none", "tis"] = "tis"
@@ -650,6 +664,43 @@ class RLConfig(SamplingConfig):
     @classmethod
     def _none_means_no_baseline(cls, v):
         return None if isinstance(v, str) and v.lower() == "none" else v
+
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _rewards_are_entries(cls, v):
+        # checked here, before pydantic's own errors, whose locations (rl.rewards.0.x) the one-line report
+        # cannot name
+        if not isinstance(v, (list, tuple)):
+            return v
+        for i, entry in enumerate(v):
+            if isinstance(entry, RewardSpec):
+                continue
+            if not isinstance(entry, dict):
+                raise ValueError(f"rl.rewards[{i}]: expected {{function: package.module:function, weight: 1.0}}, "
+                                 f"got {entry!r}")
+            unknown = sorted(set(entry) - {"function", "weight"})
+            if unknown or not isinstance(entry.get("function"), str):
+                raise ValueError(f"rl.rewards[{i}]: " + (f"unknown key(s) {unknown}" if unknown else
+                                 "expects a function name (package.module:function, or judge)"))
+            weight = entry.get("weight", 1.0)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise ValueError(f"rl.rewards[{i}]: weight expects a number, got {weight!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _rewards_are_named(self) -> "RLConfig":
+        seen: dict[str, int] = {}
+        for i, spec in enumerate(self.rewards):
+            if spec.function != "judge" and not REWARD_FUNCTION.match(spec.function):
+                raise ValueError(f"rl.rewards[{i}]: function {spec.function!r}: expected package.module:function "
+                                 "(a module importable from the project folder) or judge")
+            if not math.isfinite(spec.weight):
+                raise ValueError(f"rl.rewards[{i}]: weight {spec.weight} of {spec.function} is not finite")
+            if spec.function in seen:
+                raise ValueError(f"rl.rewards[{i}]: {spec.function} is already rl.rewards[{seen[spec.function]}] "
+                                 "(give it one entry and its summed weight)")
+            seen[spec.function] = i
+        return self
 
     @model_validator(mode="after")
     def _judge_needs_model(self) -> "RLConfig":

@@ -28,6 +28,7 @@ from protege.paths import (
     split_table,
     TEACHER_ANSWERS,
 )
+from protege.rewards.functions import load_rewards
 from protege.rewards.llm_judge import LLMJudge
 from protege.rl.loop import RLInputs, fingerprint, run_rl
 from protege.stages.common import QuietRun, StepHistory, inputs_digest, say, step_logger, write_stage_metrics
@@ -156,6 +157,9 @@ def train(cfg: Config, root: Path, run, algorithm: str, out_rel: Path, curve_rel
                      (DISCRIMINATOR, "discriminator")):
         if (root / rel).exists() and (ril or rel not in (TEACHER_ANSWERS, DISCRIMINATOR)):
             run.log_input(rel, context=ctx)
+    # a reward function that cannot be imported fails before any model loads; the project folder goes on
+    # sys.path for its modules whatever launched the stage
+    load_rewards(c.rewards, root)
     device = resolve_device(c.device, "rl.device")
     idle = CPU if c.offload_idle and c.backend == "torch" else device  # where the reference and discriminator wait
     policy, processor = load_model(cfg, root / SFT_MODEL, device)

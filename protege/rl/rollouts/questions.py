@@ -1,7 +1,8 @@
 """The question loop's rollout (grpo, dr_grpo, ril): each step `questions_per_step` questions in an epoch-wise
 shuffled order, G samples each from pi_old (the policy, or a vLLM engine serving its weights), for RIL also G
-cached teacher answers drawn across the chosen teachers; reward = the judge's correctness (RIL's discriminator
-similarity joins it as a guidance term); one advantage per answer.
+cached teacher answers drawn across the chosen teachers; reward = the judge's correctness, or with rl.rewards the
+weighted sum of the functions it names (RIL's discriminator similarity joins it as a guidance term); one
+advantage per answer.
 
 DAPO's parts act here: overlong filtering (an answer cut at max_new_tokens trains nothing), the soft overlong
 punishment (a reward term over the last tokens before the cap) and dynamic sampling (groups whose answers all
@@ -20,6 +21,7 @@ from protege.data.rows import Row
 from protege.errors import UserFacingError
 from protege.generation.transformers_backend import Completions, Sampling, complete
 from protege.generation.row_seeds import row_seed
+from protege.rewards.functions import call, load_rewards, weighted
 from protege.rewards.judge import rule_judge
 from protege.rl.estimators import Returns
 from protege.rl.guidance.base import QuestionStep
@@ -44,6 +46,7 @@ class QuestionSample(Sample):
     per_question: int = 0                                  # G, or 2G with the teachers' answers in the group
     is_teacher: torch.Tensor | None = None                 # [rows] the teachers' answers inside the group
     answer: torch.Tensor | None = None                     # [rows] the judge's score of each answer
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # rl.rewards: each function's [rows] output
     lengths: torch.Tensor | None = None                    # [rows] answer tokens
     truncated: torch.Tensor | None = None                  # [rows] student answers cut at max_new_tokens unfinished
     student_scores: torch.Tensor | None = None             # [G per question] the judge's, when dynamic sampling judged
@@ -99,6 +102,7 @@ class Questions(Rollout):
             raise UserFacingError("rl.algorithm 'ril' needs a pretrained discriminator (run disc_pretrain first)")
         self.cfg, self.inputs, self.processor, self.engine_factory = cfg, inputs, processor, engine_factory
         self.with_teachers = self.ril and cfg.teacher_in_group
+        self.terms = load_rewards(cfg.rewards)
         self.rows, self.skipped = self._usable(inputs.rows)
         tok = processor.tokenizer
         longest_teacher = max((len(tok(t, add_special_tokens=False)["input_ids"]) + 1
@@ -200,16 +204,16 @@ class Questions(Rollout):
         from; it is dropped and more questions drawn until this rank holds its share of questions_per_step
         groups or max_draws draws were made (every rank draws as long as one is short: generation under
         ZeRO-3 is collective). Kept beyond the share: left out, as DAPO does. The groups are judged on their
-        student answers (RIL's similarity, the overlong penalty and the KL are not the judge's). None kept at
-        all: the first draw's groups train (under the judge alone their advantages are 0: the KL and entropy
+        student answers (by rl.rewards' weighted sum when set; RIL's similarity, the overlong penalty and the KL
+        are not the judge's). None kept at all: the first draw's groups train (under the judge alone their advantages are 0: the KL and entropy
         terms move the policy)."""
         cfg, G = self.cfg, self.cfg.group_size
         share = len(range(s.rank, cfg.questions_per_step, s.world_size))
         draws, kept, dropped, drawn = [first], [], 0, 0
         while True:
             d = draws[-1]
-            d.scores = torch.tensor(self._judge([r for r in d.questions for _ in range(G)], d.student.texts),
-                                    dtype=torch.float32)
+            d.scores = torch.tensor(self._scored([r for r in d.questions for _ in range(G)], d.student.texts,
+                                                 [False] * len(d.student.texts))[0], dtype=torch.float32)
             for j in range(len(d.questions)):
                 scores = d.scores[j * G:(j + 1) * G]
                 drawn += 1
@@ -266,10 +270,22 @@ class Questions(Rollout):
             return [rule_judge(r.answer, t, r.candidates) for r, t in zip(owners, texts)]
         return self.inputs.judge([r.question for r in owners], [r.answer for r in owners], texts)
 
+    def _scored(self, owners: list[Row], texts: list[str],
+                is_teacher: list[bool]) -> tuple[list[float], dict[str, list[float]]]:
+        """The answer reward of each answer and, with rl.rewards, each function's own output."""
+        if not self.terms:
+            return self._judge(owners, texts), {}
+        raw = {t.name: self._judge(owners, texts) if t.function is None else call(t, owners, texts, is_teacher)
+               for t in self.terms}
+        return weighted(self.terms, raw), raw
+
     def rewards(self, s, sample: QuestionSample, old) -> Returns:
         owners = [sample.questions[i // sample.per_question] for i in range(len(sample.texts))]
         teacher = sample.is_teacher.tolist()
-        if sample.student_scores is None:
+        if self.terms:  # one call per function on the whole batch (dynamic sampling's scores are recomputed)
+            answer, raw = self._scored(owners, sample.texts, teacher)
+            sample.terms = {name: torch.tensor(v, dtype=torch.float64) for name, v in raw.items()}
+        elif sample.student_scores is None:
             answer = self._judge(owners, sample.texts)
         else:  # dynamic sampling judged the student answers already: only the teachers' are left
             rest = [i for i, t in enumerate(teacher) if t]
@@ -322,6 +338,8 @@ class Questions(Rollout):
              "skipped_questions": float(self.skipped)}
         if teacher.any():
             m["answer_reward_teacher"] = answer[teacher].mean().item()
+        for name, values in sample.terms.items():  # each function's raw output, before its weight
+            m[f"reward/{name}"] = values[~teacher.cpu()].mean().item()
         if sample.engine is not None:  # how far the engine's distribution is from the policy's
             n_sampled = max(float(sample.engine.sampled.sum()), 1.0)
             m.update(tis_weight_mean=totals["is_sum"] / n_sampled, tis_capped_fraction=totals["is_capped"] / n_sampled,

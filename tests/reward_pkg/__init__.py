@@ -1,0 +1,1 @@
+"""Reward functions the rl.rewards tests name by their module path."""
