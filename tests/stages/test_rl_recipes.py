@@ -14,8 +14,8 @@ from protege.models.logprobs import logprobs_from_logits
 from protege.rl.loop import RLInputs, run_rl
 from protege.rl.rollouts.questions import Questions
 from protege.rollout.trajectory import answer_trajectory
-from protege.runtime.updaters import TorchUpdater
 from tests.stages.test_micro_batches import by_question
+from tests.stages.test_micro_batches import step_grads  # noqa: F401 (a fixture)
 
 BASE = dict(steps=2, questions_per_step=2, group_size=4, max_new_tokens=4, save_every=1, lr=1e-3)
 DAPO = dict(algorithm="grpo", clip_eps_low=0.2, clip_eps_high=0.28, loss_aggregation="token_mean", kl_beta=0.0,
@@ -27,20 +27,6 @@ UPDATES = dict(algorithm="dr_grpo", ppo_epochs=2, mini_batches=2, entropy_coef=0
 @pytest.fixture
 def rows(tiny_world):
     return load_rows(tiny_world / "rl.parquet")[:6]
-
-
-@pytest.fixture
-def grads(monkeypatch):
-    """The policy's gradients at each optimizer step."""
-    seen = []
-    original = TorchUpdater.step
-
-    def step(self):
-        seen.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params])
-        return original(self)
-
-    monkeypatch.setattr(TorchUpdater, "step", step)
-    return seen
 
 
 def weights(model) -> dict[str, torch.Tensor]:
@@ -116,14 +102,14 @@ def test_resume_reaches_bitwise_the_same_weights(tiny_student, tiny_processor, r
     assert any(not torch.equal(reference[k], v) for k, v in tiny_student.state_dict().items())
 
 
-def test_overlong_filtering_trains_nothing_on_cut_answers(tiny_student, tiny_processor, rows, tmp_path, grads):
+def test_overlong_filtering_trains_nothing_on_cut_answers(tiny_student, tiny_processor, rows, tmp_path, step_grads):
     runs = {}
     for on in (False, True):
-        grads.clear()
+        step_grads.clear()
         logs = []
         run(copy.deepcopy(tiny_student), tiny_processor, rows, tmp_path / str(on), logs=logs, steps=1,
             algorithm="dr_grpo", max_new_tokens=2, overlong={"filter": on})
-        runs[on] = (logs[0], [g for step in grads for g in step])
+        runs[on] = (logs[0], [g for step in step_grads for g in step])
     assert runs[True][0]["truncated_share"] == 1.0  # the untrained student never ends within 2 tokens
     assert "truncated_share" not in runs[False][0]
     assert any(float(g.abs().max()) > 0 for g in runs[False][1])
@@ -150,11 +136,11 @@ def test_kl_in_the_reward_pays_for_the_policys_drift(tiny_student, tiny_processo
 
 
 def test_several_updates_per_batch_keep_pi_old_from_the_first_pass(tiny_student, tiny_processor, rows, tmp_path,
-                                                                    grads):
+                                                                    step_grads):
     logs = []
     run(copy.deepcopy(tiny_student), tiny_processor, rows, tmp_path, logs=logs, algorithm="grpo", ppo_epochs=2,
         mini_batches=4, lr=1e-2)
-    assert len(grads) == 2 * 2 * 4  # RL steps x passes x mini-batches
+    assert len(step_grads) == 2 * 2 * 4  # RL steps x passes x mini-batches
     assert all(m["clip_fraction"] > 0 for m in logs)  # the last pass's ratios moved away from 1
 
 
