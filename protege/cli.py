@@ -331,7 +331,8 @@ def dag(project: Path = typer.Option(Path("."), help="project folder (holds dvc.
 
     cfg = _config(project / params)
     if check:
-        current = (project / "dvc.yaml").is_file() and (project / "dvc.yaml").read_text() == dag_file.render(cfg)
+        dvc_yaml = project / "dvc.yaml"
+        current = dvc_yaml.is_file() and dvc_yaml.read_text() == dag_file.render(cfg, project)
         typer.echo(f"{project / 'dvc.yaml'}: {'current' if current else 'out of date: run `protege dag`'}")
         raise typer.Exit(0 if current else 1)
     changed = dag_file.write(cfg, project)

@@ -343,8 +343,28 @@ def _params(declared: str, stage: str) -> str:
     return ", ".join(p for p in keep if "." not in p or p.split(".")[0] not in keep)
 
 
-def render(cfg) -> str:
-    """dvc.yaml's text for a configuration."""
+REWARD_STAGES = ("rl", "rl_baseline")  # the question loop's stages: they call rl.rewards' functions
+
+
+def reward_files(cfg, project: Path | None) -> list[str]:
+    """The project's own files that rl.rewards' functions live in (`mypkg.rewards:f` -> mypkg/rewards.py or
+    mypkg/rewards/__init__.py), so editing one re-runs RL; modules found elsewhere (installed) are not tracked."""
+    if project is None:
+        return []
+    found = []
+    for spec in cfg.rl.rewards:
+        if ":" not in spec.function:
+            continue  # a built-in (the judge)
+        base = Path(*spec.function.split(":")[0].split("."))
+        for rel in (base.with_suffix(".py"), base / "__init__.py"):
+            if (Path(project) / rel).is_file():
+                found.append(rel.as_posix())
+                break
+    return list(dict.fromkeys(found))
+
+
+def render(cfg, project: Path | None = None) -> str:
+    """dvc.yaml's text for a configuration (`project`: where your own reward modules are looked for)."""
     source = cfg.data.source
     dropped = {s for key, names in SOURCE_STAGES.items() if key != source for s in names}
     out: list[str] = []
@@ -352,6 +372,8 @@ def render(cfg) -> str:
 
     def close_deps() -> None:
         out.extend(f"      - {p}" for p in sorted(map(str, code_files(stage))))
+        if stage in REWARD_STAGES:
+            out.extend(f"      - {p}" for p in reward_files(cfg, project))
 
     for line in TEMPLATE.splitlines():
         m = _STAGE.match(line)
@@ -402,7 +424,7 @@ def stages_in(project: Path) -> list[str]:
 def write(cfg, project: Path) -> bool:
     """Writes PROJECT/dvc.yaml for `cfg`; True when it changed."""
     path = Path(project) / "dvc.yaml"
-    text = render(cfg)
+    text = render(cfg, project)
     if path.is_file() and path.read_text() == text:
         return False
     path.write_text(text)
