@@ -61,11 +61,8 @@ def rl_step(s: Session, rollout: Rollout, step: int) -> None:
     t0 = time.perf_counter()
     sample = rollout.sample(s, step)
     old = score_old(s, rollout, sample)
-    # PPO-RLHF's KL placement needs pi_ref before the advantages; otherwise it is scored after the rewards
-    ref = reference_logprobs(s, sample) if s.objective.kl_in_reward else None
-    returns = shape_rewards(s, rollout.rewards(s, sample, old), sample.view)
-    if ref is not None:
-        returns = s.objective.kl_reward(sample, old, ref, returns)
+    ref = reference_logprobs(s, sample) if s.objective.kl_in_reward else None  # the KL placed in the reward
+    returns = rewards(s, rollout, sample, old, ref)
     adv = rollout.spread(s, sample, s.advantage(returns, s.cfg))
     t_update = time.perf_counter()
     batch = UpdateBatch.of(sample, old, returns, adv, reference_logprobs(s, sample) if ref is None else ref, step)
@@ -81,6 +78,13 @@ def rl_step(s: Session, rollout: Rollout, step: int) -> None:
         figures = {**sample.metrics, **rollout.metrics(s, sample, returns, adv, old, totals, seconds),
                    **update_figures(s, batch, totals), **timing, **curve}
         log(s, step, figures)
+
+
+def rewards(s: Session, rollout: Rollout, sample: Sample, old: Old | None, ref: torch.Tensor | None) -> Returns:
+    """The rollout's rewards shaped by the guidance terms; minus beta x KL to pi_ref when `ref` is given
+    (`kl.placement: reward`, PPO-RLHF's placement: pi_ref is scored before the advantages, not after)."""
+    returns = shape_rewards(s, rollout.rewards(s, sample, old), sample.view)
+    return returns if ref is None else s.objective.kl_reward(sample, old, ref, returns)
 
 
 def score_old(s: Session, rollout: Rollout, sample: Sample) -> Old | None:
