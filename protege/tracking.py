@@ -170,7 +170,14 @@ class StageRun:
             source = resolve_dataset_source(str((self.project_dir / path).resolve()))
         ds = MetaDataset(source, name=str(path),
                          digest=digest[:36])
-        self.mlflow.log_input(ds, context=context)
+        try:
+            self.mlflow.log_input(ds, context=context)
+        except self.mlflow.exceptions.MlflowException as exc:
+            # stages running side by side log the same dataset: MLflow looks it up, finds none, and both insert
+            # it; the loser of that race finds the winner's row when it asks again
+            if "UNIQUE constraint failed" not in str(exc):
+                raise
+            self.mlflow.log_input(ds, context=context)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         p = Path(path)

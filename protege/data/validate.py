@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-from PIL import Image
+from PIL import Image, ImageFile
 
 from protege.data.rows import image_path, read_table
 from protege.data.schemas import MAX_IMAGE_SIDE, MIN_IMAGE_SIDE, OPTION_LETTERS, QUESTION_ROWS, Schema
@@ -53,6 +54,28 @@ class Failure:
 MAX_IMAGE_PIXELS = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE
 
 
+_STRICT = threading.Lock()
+_lenient_seen = False  # sticky: once a library turned PIL's leniency on, every check takes the lock
+
+
+def _load_strictly(im) -> None:
+    """im.load(), failing on a cut file even where a library has turned on PIL's process-wide leniency
+    (lmms-eval sets ImageFile.LOAD_TRUNCATED_IMAGES at import, and PIL then pads a cut image silently). Where
+    it is on, checks run one at a time with it off (the flag is global, so threads must not interleave)."""
+    global _lenient_seen
+    if not (_lenient_seen or ImageFile.LOAD_TRUNCATED_IMAGES):
+        im.load()
+        return
+    with _STRICT:
+        _lenient_seen = True
+        lenient = ImageFile.LOAD_TRUNCATED_IMAGES
+        ImageFile.LOAD_TRUNCATED_IMAGES = False
+        try:
+            im.load()
+        finally:
+            ImageFile.LOAD_TRUNCATED_IMAGES = lenient
+
+
 def image_bytes_checks(data: bytes) -> tuple[bool, bool, str]:
     """(decodes, size within limits, why not) for encoded image bytes. The size comes from the header
     before any pixel is decoded, so an image too large (a decompression bomb included) is reported as
@@ -66,7 +89,7 @@ def image_bytes_checks(data: bytes) -> tuple[bool, bool, str]:
                 # libjpeg still reads every coded block at 1/8 scale (a cut file fails alike) but skips
                 # most of the inverse DCT: about half the time of a full decode
                 im.draft(None, (max(1, w // 8), max(1, h // 8)))
-            im.load()  # decode the pixels: verify() alone misses truncated files
+            _load_strictly(im)  # decode the pixels: verify() alone misses truncated files
     except Image.DecompressionBombError:
         return True, False, (f"too large: its header claims more than {2 * Image.MAX_IMAGE_PIXELS} pixels "
                              "(a decompression bomb?)")

@@ -275,13 +275,19 @@ def test_a_cut_jpeg_deep_in_a_file_is_named(tmp_path, images):
     assert "d.jsonl:272: does not decode as an image" in str(err.value)
 
 
+@pytest.mark.parametrize("lenient", [False, True])
 @pytest.mark.parametrize("progressive", [False, True])
-def test_a_jpeg_is_checked_whole(progressive):
-    """The check decodes JPEGs at 1/8 scale: every coded block is still read, so a cut file still fails."""
+def test_a_jpeg_is_checked_whole(progressive, lenient, monkeypatch):
+    """The check decodes JPEGs at 1/8 scale: every coded block is still read, so a cut file still fails, also
+    where a library has turned on PIL's process-wide leniency for cut files (lmms-eval does at import)."""
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", lenient)
     data = jpeg(3, progressive)
     assert image_bytes_checks(data) == (True, True, "")
     for cut in (len(data) // 3, len(data) - 4):
         assert image_bytes_checks(data[:cut])[:2] == (False, True)
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is lenient  # left as the library set it
 
 
 def test_progress_lines(tmp_path, images):
