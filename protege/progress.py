@@ -51,6 +51,12 @@ class Progress:
             text += f", {duration(self.clock() - self.start)} in all"
         return text + ")"
 
+    def reached(self, done: int, total: int | None = None) -> None:
+        """`update` for loops that report how far they are (`progress(done, total)` callbacks), not a batch's n."""
+        if total is not None:
+            self.total = total
+        self.update(done - self.done)
+
     def update(self, n: int) -> None:
         self.done += n
         now = self.clock()
