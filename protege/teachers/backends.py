@@ -76,18 +76,6 @@ class TeacherBackend(Protocol):
     def run(self, requests: list[TeacherRequest], on_outcome: Callable[[Outcome], None]) -> None: ...
 
 
-def ask_texts(backend: TeacherBackend, prompts: dict[str, str]) -> dict[str, str]:
-    """Text-only prompts by key -> the replies received; a request that failed after its retries is absent."""
-    replies: dict[str, str] = {}
-
-    def collect(outcome: Outcome) -> None:
-        if isinstance(outcome, TeacherAnswer):
-            replies[outcome.key] = outcome.text
-
-    backend.run([TeacherRequest(k, k, p) for k, p in prompts.items()], collect)
-    return replies
-
-
 @dataclass
 class ScriptedTeacher:
     """The embedded world's teachers: a verbal style, a configurable error rate, deterministic; with `accounts`
