@@ -8,6 +8,7 @@ import faulthandler
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -33,18 +34,27 @@ def config(steps: int, zero_stage: int, guidance: str, micro: int | None, warmup
 
 def main(out: str, zero_stage: int, steps: int, stop_after: int | None, tag: str, guidance: str,
          micro: int | None, warmup: int, objective: str) -> None:
+    import protege.rl.agent_loop as agent_loop
+
+    own_rule = agent_loop.action_start_for
+    if guidance == "sft":
+        # the untrained merged teacher never writes the grid game's action, so it would teach nothing: here any
+        # output's first half is its thought and the rest its action (this run only: a process runs several)
+        agent_loop.action_start_for = lambda cfg: (lambda text: len(text) // 2 if len(text) > 1 else None)
+    try:
+        run(out, zero_stage, steps, stop_after, tag, guidance, micro, warmup, objective)
+    finally:
+        agent_loop.action_start_for = own_rule
+
+
+def run(out: str, zero_stage: int, steps: int, stop_after: int | None, tag: str, guidance: str,
+        micro: int | None, warmup: int, objective: str) -> None:
     from protege.config import ModelConfig
     from protege.models.student import build_student
     from protege.rl.agent_loop import run_agent_rl
     from tests.conftest import tiny_processor
     from tests.stages.test_agent_rl import VarietyEnv
 
-    if guidance == "sft":
-        # the untrained merged teacher never writes the grid game's action, so it would teach nothing: here any
-        # output's first half is its thought and the rest its action
-        import protege.rl.agent_loop as agent_loop
-
-        agent_loop.action_start_for = lambda cfg: (lambda text: len(text) // 2 if len(text) > 1 else None)
     faulthandler.dump_traceback_later(400, exit=True)  # a rank stuck in a collective says where, then ends
     rank = int(os.environ.get("RANK", 0))
     out_dir = Path(out)
@@ -68,7 +78,7 @@ def main(out: str, zero_stage: int, steps: int, stop_after: int | None, tag: str
         save_file(final, str(out_dir / f"final{tag}.safetensors"))
 
 
-if __name__ == "__main__":
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("zero_stage", type=int)
@@ -79,5 +89,19 @@ if __name__ == "__main__":
     ap.add_argument("--micro", type=int, help="micro_batch_tokens (default: derived)")
     ap.add_argument("--warmup", type=int, default=1, help="ppo.value_warmup_steps")
     ap.add_argument("--objective", default="token", help="ppo.objective")
-    a = ap.parse_args()
-    main(a.out, a.zero_stage, a.steps, a.stop_after, a.tag, a.guidance, a.micro, a.warmup, a.objective)
+    return ap
+
+
+if __name__ == "__main__":
+    # several runs, one after another in this process, separated by "--next": each pays the ~8 s of imports
+    # and DeepSpeed set-up once, not once a run; every run seeds itself and keeps its state in its own files
+    jobs, job = [], []
+    for arg in sys.argv[1:]:
+        if arg == "--next":
+            jobs.append(job)
+            job = []
+        else:
+            job.append(arg)
+    for args in jobs + [job]:
+        a = parser().parse_args(args)
+        main(a.out, a.zero_stage, a.steps, a.stop_after, a.tag, a.guidance, a.micro, a.warmup, a.objective)

@@ -3,6 +3,7 @@ import argparse
 import hashlib
 import json
 import random
+import sys
 from pathlib import Path
 
 import torch
@@ -90,7 +91,7 @@ class _null:
         return False
 
 
-if __name__ == "__main__":
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("algorithm")
@@ -101,5 +102,18 @@ if __name__ == "__main__":
     ap.add_argument("--tag", default="", help="suffix of this run's output files")
     ap.add_argument("--micro", type=int, help="micro_batch_tokens (default: derived)")
     ap.add_argument("--settings", type=json.loads, default={}, help="more rl settings, as JSON")
-    a = ap.parse_args()
-    main(a.out, a.algorithm, a.zero_stage, a.steps, a.stop_after, a.state, a.tag, a.micro, a.settings)
+    return ap
+
+
+if __name__ == "__main__":
+    # several runs, one after another in this process, separated by "--next": each pays the ~8 s of imports
+    # and DeepSpeed set-up once, not once a run; every run seeds itself and keeps its state in its own files
+    jobs = [[]]
+    for arg in sys.argv[1:]:
+        if arg == "--next":
+            jobs.append([])
+        else:
+            jobs[-1].append(arg)
+    for args in jobs:
+        a = parser().parse_args(args)
+        main(a.out, a.algorithm, a.zero_stage, a.steps, a.stop_after, a.state, a.tag, a.micro, a.settings)
