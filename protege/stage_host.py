@@ -34,7 +34,10 @@ MAX_MESSAGE = 1 << 20
 
 
 def _preload() -> None:
+    import great_expectations  # noqa: F401  (validate and data import: ~1.6 s of a core each time)
     import mlflow  # noqa: F401
+    import mlflow.store.model_registry.sqlalchemy_store  # noqa: F401  (every stage's tracking: sqlalchemy,
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401         alembic; ~0.5 s a stage)
     import torch  # noqa: F401
     import transformers  # noqa: F401
 

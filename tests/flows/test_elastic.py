@@ -3,6 +3,7 @@ process's weights, and a rank SIGKILLed mid-run costs a restart from the last sa
 
 One tiny project is built once (`dvc repro rl agent_rl`: the uninterrupted one-process runs); each test then
 runs a stage again in it, as a scheduler would, and compares the final weights."""
+import json
 import os
 import shutil
 import signal
@@ -101,6 +102,41 @@ def test_two_nodes_meet_at_one_endpoint_and_end_on_one_process_weights(project):
     assert "up to date" in status.stdout, status.stdout
 
 
+def test_dvc_repro_runs_two_ranks_for_rl_and_agent_rl(project):
+    """`processes: 2` with `backend: deepspeed` under `dvc repro` runs both ranks on the CPU (gloo) for rl and
+    agent_rl (PPO with its value head, KL guidance), and only those two stages; rank 0 alone writes the
+    checkpoints and reports, the ranks end on the same weights (the loops compare them and stop otherwise), and
+    `dvc status` is clean. Its rl weights are the uninterrupted two-rank run the killed-rank test compares with."""
+    fresh(project, "rl", {"processes": 2, "max_restarts": 0})
+    fresh(project, "agent_rl")
+    original = (project / "params.yaml").read_text()
+    doc = yaml.safe_load(original)
+    doc["agent"]["rl"].update(backend="deepspeed", processes=2)
+    (project / "params.yaml").write_text(yaml.safe_dump(doc))
+    try:
+        with stage_host.running():
+            done = subprocess.run([sys.executable, "-m", "dvc", "repro", "rl", "agent_rl"], cwd=project,
+                                  env=project_env(project), capture_output=True, text=True, timeout=1200)
+        log = done.stdout + done.stderr
+        assert done.returncode == 0, log[-4000:]
+        assert {line.split("'")[1] for line in log.splitlines() if line.startswith("Running stage")} == {
+            "rl", "agent_rl"}
+        assert "rl: 2 processes (gloo)" in log and "agent_rl: 2 processes (gloo)" in log
+        assert json.loads((project / "reports/stages/rl.json").read_text())["processes"] == 2
+        assert sorted(p.name for p in (project / "models/rl").glob("step-*")) == [
+            f"step-{i:05d}" for i in range(1, RL_STEPS + 1)]
+        curve = (project / "reports/rl/learning_curve.csv").read_text().splitlines()
+        assert [line.split(",")[0] for line in curve[1:]] == [str(i) for i in range(RL_STEPS + 1)]
+        assert all(0.0 <= float(line.split(",")[1]) <= 1.0 for line in curve[1:])
+        assert (project / "models/agent_rl/merged-teacher/model.safetensors").exists()
+        assert json.loads((project / "reports/agent/summary.json").read_text())["end"]["episodes"] == 4
+        status = subprocess.run([sys.executable, "-m", "dvc", "status", "rl", "agent_rl"], cwd=project,
+                                env=project_env(project), capture_output=True, text=True)
+        assert "up to date" in status.stdout, status.stdout
+    finally:  # the multi-turn restart test below compares one rank with the one-process run
+        (project / "params.yaml").write_text(original)
+
+
 def rank_pid(stage: str, rank: int, parent: int) -> int | None:
     """The pid of a stage's rank started by the agent in process `parent` (its environment says which)."""
     for entry in Path("/proc").iterdir():
@@ -146,9 +182,9 @@ def kill_a_rank_mid_run(proj: Path, stage: str, out: str, rank: int, steps: int)
 
 def test_a_killed_rank_restarts_the_question_loop_from_its_last_state(project):
     """Two ranks, max_restarts 1: rank 1 is SIGKILLed after step 2 was saved; the group restarts, resumes from
-    the state and ends on bitwise the weights of the uninterrupted two-rank run (the two-node test's)."""
+    the state and ends on bitwise the weights of the uninterrupted two-rank run (the `dvc repro` test's)."""
     if not (project / "models/rl/state").exists():
-        pytest.skip("needs the two-node run's weights")
+        pytest.skip("needs the uninterrupted two-rank run's weights")
     two_ranks = final_weights(project / "models/rl", RL_STEPS)
     fresh(project, "rl", {"processes": 2, "max_restarts": 1})
     done = kill_a_rank_mid_run(project, "rl", "rl", 1, RL_STEPS)

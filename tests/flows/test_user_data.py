@@ -91,40 +91,39 @@ def test_your_files_and_model_through_every_stage_to_evaluate(tmp_path):
     # the two full runs under a warm stage host (what the pipeline flow runs its stages under): each `protege stage`
     # DVC starts skips a fresh process's imports, the stage runs as it would alone (protege/stage_host.py); the
     # bad file at the end goes through a stage in its own process
-    with stage_host.running():
+    with stage_host.running():  # one host for both runs: its imports are paid once
         first = dvc(proj, "repro", "evaluate")
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
 
-    assert "Running stage 'world'" not in first.stdout and not (proj / "data/world").exists()
-    assert "Running stage 'data'" in first.stdout and not (proj / "models/base").exists()
-    for split, n in counts.items():
-        assert len(pd.read_parquet(proj / f"data/imported/{split}.parquet")) == n, split
-    assert f"sft {counts['train']} examples (0 pool batches), from mymodel" in first.stdout + first.stderr
-    rl_ids = set(pd.read_parquet(proj / "data/imported/rl.parquet")["id"])
-    curated = pd.read_parquet(proj / "data/curated/rl.parquet")
-    assert len(curated) == params["curate"]["select"] and set(curated["id"]) <= rl_ids
-    report = json.loads((proj / "reports/eval.json").read_text())
-    assert report["test_split"] == "test split (test.parquet)" and report["benchmarks"] == {}
-    assert all(m["world_test"]["items"] == counts["test"] for m in report["models"].values())
-    markdown = (proj / "reports/eval.md").read_text()
-    assert markdown.startswith("# Evaluation on the test split (test.parquet)")
-    assert "| light: accuracy" in markdown and "| dark: accuracy" in markdown     # the category column
-    assert "Data and pipelines are up to date" in dvc(proj, "status", "--with-deps", "evaluate").stdout
-    lock = yaml.safe_load((proj / "dvc.lock").read_text())["stages"]
-    assert "world" not in lock and "data" in lock
+        assert "Running stage 'world'" not in first.stdout and not (proj / "data/world").exists()
+        assert "Running stage 'data'" in first.stdout and not (proj / "models/base").exists()
+        for split, n in counts.items():
+            assert len(pd.read_parquet(proj / f"data/imported/{split}.parquet")) == n, split
+        assert f"sft {counts['train']} examples (0 pool batches), from mymodel" in first.stdout + first.stderr
+        rl_ids = set(pd.read_parquet(proj / "data/imported/rl.parquet")["id"])
+        curated = pd.read_parquet(proj / "data/curated/rl.parquet")
+        assert len(curated) == params["curate"]["select"] and set(curated["id"]) <= rl_ids
+        report = json.loads((proj / "reports/eval.json").read_text())
+        assert report["test_split"] == "test split (test.parquet)" and report["benchmarks"] == {}
+        assert all(m["world_test"]["items"] == counts["test"] for m in report["models"].values())
+        markdown = (proj / "reports/eval.md").read_text()
+        assert markdown.startswith("# Evaluation on the test split (test.parquet)")
+        assert "| light: accuracy" in markdown and "| dark: accuracy" in markdown     # the category column
+        assert "Data and pipelines are up to date" in dvc(proj, "status", "--with-deps", "evaluate").stdout
+        lock = yaml.safe_load((proj / "dvc.lock").read_text())["stages"]
+        assert "world" not in lock and "data" in lock
 
-    # one RL row edited: data, curate and what follows re-run, sft (whose train file did not change) does not
-    df = pd.read_parquet(proj / "mine/rl.parquet")
-    reward = dict(df.loc[3, "reward_model"])
-    df.at[3, "reward_model"] = {**reward, "ground_truth": "purple"}
-    df.to_parquet(proj / "mine/rl.parquet")
-    with stage_host.running():
+        # one RL row edited: data, curate and what follows re-run, sft (whose train file did not change) does not
+        df = pd.read_parquet(proj / "mine/rl.parquet")
+        reward = dict(df.loc[3, "reward_model"])
+        df.at[3, "reward_model"] = {**reward, "ground_truth": "purple"}
+        df.to_parquet(proj / "mine/rl.parquet")
         again = dvc(proj, "repro", "evaluate")
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    for stage in ("data", "curate", "rl", "evaluate"):
-        assert f"Running stage '{stage}'" in again.stdout, stage
-    assert "Stage 'sft' didn't change, skipping" in again.stdout
-    assert pd.read_parquet(proj / "data/imported/rl.parquet")["answer"][3] == "purple"
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        for stage in ("data", "curate", "rl", "evaluate"):
+            assert f"Running stage '{stage}'" in again.stdout, stage
+        assert "Stage 'sft' didn't change, skipping" in again.stdout
+        assert pd.read_parquet(proj / "data/imported/rl.parquet")["answer"][3] == "purple"
 
     # a bad file stops the data stage before any compute, naming it; the last good import stays
     (proj / "mine/rl.parquet").write_bytes(b"not parquet")
