@@ -63,6 +63,9 @@ def service_env(project: Path, prefect_port: int, mlflow_port: int) -> dict[str,
     })
     # the local worker asks its (local) server for runs every 2 s, not 10: each stage of a retrain is a flow run
     env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "2")
+    # a retrain triggered while another runs waits for the one-writer slot; the server re-offers it every 5 s,
+    # not Prefect's 30, so it starts within seconds of the other's end (a local server: no load to spare)
+    env.setdefault("PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS", "5")
     return env
 
 
